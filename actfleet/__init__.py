@@ -1,0 +1,3 @@
+"""actfleet: CodeAct agents as distributed work on Redis and Celery."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The wire: everything that crosses Redis. Imports neither pydantic-ai nor jupyter_client."""

@@ -1,0 +1,42 @@
+"""The Celery app: the wire between clients and nodes. Tasks are sent by name, so a client
+never imports the worker code."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from actfleet.broker.keys import SHARED_QUEUE, node_queue
+from actfleet.broker.settings import Settings
+
+MODEL_STEP = "actfleet.model_step"
+EXECUTION_STEP = "actfleet.execution_step"
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery app on the settings' Redis, configured for bounded, idempotent steps."""
+    app = Celery("actfleet", broker=settings.redis_url)
+    app.conf.update(
+        task_serializer="msgpack",
+        accept_content=["msgpack"],
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=SHARED_QUEUE,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+    )
+    return app
+
+
+def send_step(
+    app: Celery, kind: str, args: list[object], queue: str = SHARED_QUEUE
+) -> None:
+    """Enqueue a step task (`MODEL_STEP` or `EXECUTION_STEP`) on a queue."""
+    app.send_task(kind, args=args, queue=queue, routing_key=queue)
+
+
+__all__ = ["EXECUTION_STEP", "MODEL_STEP", "make_celery", "node_queue", "send_step"]

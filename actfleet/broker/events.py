@@ -1,0 +1,200 @@
+"""The agent events: one frozen dataclass per type, and their msgpack codec.
+
+Every event carries the same envelope (session, agent, turn, correlation ids, `seq`, `ts`,
+`node`); `seq` is assigned by Redis when the event is written and `id` is its stream id,
+the cursor a client resumes from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """The envelope every event carries."""
+
+    session_id: str
+    agent_id: str = "main"
+    turn_id: str = ""
+    corr_id: str = ""
+    parent_corr_id: str = ""
+    seq: int = 0
+    ts: float = 0.0
+    node: str = ""
+    id: str = ""
+    """The stream id (resume cursor); set when read back, never written."""
+
+    types: ClassVar[dict[str, type[Event]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Event.types[cls.__name__] = cls
+
+    @property
+    def type(self) -> str:
+        return type(self).__name__
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as plain data, `type` first (the JSON form `--json` prints)."""
+        data = {"type": self.type}
+        for f in dataclasses.fields(self):
+            data[f.name] = getattr(self, f.name)
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnStarted(Event):
+    prompt: str
+    model: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThoughtsChunk(Event):
+    content: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Thoughts(Event):
+    content: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResponseChunk(Event):
+    content: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Response(Event):
+    content: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodeAction(Event):
+    """The model asked to run this code (`corr_id` is the tool call id)."""
+
+    code: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCall(Event):
+    """The model asked to call a JSON tool (`corr_id` is the tool call id)."""
+
+    tool_name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodeExecutionOutputChunk(Event):
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodeExecutionOutput(Event):
+    """A cell's result: `text` is what the model sees; a truncated output is kept in full
+    under `output_ref`; images are refs to PNGs stored in Redis."""
+
+    text: str
+    images: list[str] = field(default_factory=list)
+    truncated: bool = False
+    output_ref: str = ""
+    status: str = "ok"
+    """ok, error, interrupted, restarted, died or lost (its node died while it ran)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolOutput(Event):
+    tool_name: str
+    content: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelRestarted(Event):
+    """The agent's runtime was rebuilt (node died, runtime reaped): kernel state was lost."""
+
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalRequest(Event):
+    request_id: str
+    kind: str
+    tool_name: str
+    args: dict[str, Any]
+    args_sha256: str
+    expires_at: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalDecision(Event):
+    request_id: str
+    approved: bool
+    approver: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubagentStarted(Event):
+    subagent_id: str
+    prompt: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubagentFinished(Event):
+    subagent_id: str
+    status: str
+    response: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Usage(Event):
+    """Tokens of one model step."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    requests: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnFinished(Event):
+    reason: str = "completed"
+    """completed, rejected or max_turns."""
+    response: str = ""
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnFailed(Event):
+    error: str
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cancelled(Event):
+    phase: str = ""
+
+
+TERMINAL = (TurnFinished, TurnFailed, Cancelled)
+CHUNKS = (ThoughtsChunk, ResponseChunk, CodeExecutionOutputChunk)
+
+
+def encode(event: Event) -> bytes:
+    """msgpack of the event's fields without `seq` and `id`, which Redis assigns."""
+    data = event.to_dict()
+    del data["seq"], data["id"]
+    return msgpack.packb(data, use_bin_type=True)
+
+
+def decode(blob: bytes, *, seq: int, stream_id: str) -> Event:
+    """The event a stream entry holds; unknown fields (from newer writers) are ignored."""
+    data = msgpack.unpackb(blob, raw=False)
+    cls = Event.types.get(data.pop("type", ""))
+    if cls is None:
+        raise ValueError(f"unknown event type in stream entry {stream_id}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k in names}
+    return cls(**kwargs, seq=seq, id=stream_id)

@@ -1,0 +1,86 @@
+"""Every Redis key actfleet uses, named in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names under one prefix (`ACTFLEET_KEY_PREFIX`)."""
+
+    prefix: str = "actfleet"
+
+    def stream(self, session_id: str) -> str:
+        """The session's event stream (trimmed)."""
+        return f"{self.prefix}:stream:{session_id}"
+
+    def seq(self, session_id: str) -> str:
+        return f"{self.prefix}:seq:{session_id}"
+
+    def session(self, session_id: str) -> str:
+        """Hash: model, options, active turn of the main agent."""
+        return f"{self.prefix}:session:{session_id}"
+
+    def sessions(self) -> str:
+        """Sorted set of session ids by last activity."""
+        return f"{self.prefix}:sessions"
+
+    def agent(self, session_id: str, agent_id: str) -> str:
+        """Hash: model, replay script, options, active turn, runtime epoch."""
+        return f"{self.prefix}:agent:{session_id}:{agent_id}"
+
+    def turn_queue(self, session_id: str, agent_id: str) -> str:
+        """Turns submitted while another turn of the agent runs, oldest first."""
+        return f"{self.prefix}:turnq:{session_id}:{agent_id}"
+
+    def history(self, session_id: str, agent_id: str) -> str:
+        """List of the agent's model messages, one JSON document each."""
+        return f"{self.prefix}:history:{session_id}:{agent_id}"
+
+    def turn(self, turn_id: str) -> str:
+        """Hash: status, current step, usage, response or error."""
+        return f"{self.prefix}:turn:{turn_id}"
+
+    def step(self, step_id: str) -> str:
+        """Hash: owner node, state (running or done)."""
+        return f"{self.prefix}:step:{step_id}"
+
+    def step_results(self, step_id: str) -> str:
+        """Hash: per tool call of an execution step, its result once it ran."""
+        return f"{self.prefix}:stepres:{step_id}"
+
+    def lease(self, session_id: str, agent_id: str) -> str:
+        """The node holding the agent's runtime (expires unless renewed)."""
+        return f"{self.prefix}:lease:{session_id}:{agent_id}"
+
+    def node(self, name: str) -> str:
+        """A node's heartbeat (expires unless renewed)."""
+        return f"{self.prefix}:node:{name}"
+
+    def nodes(self) -> str:
+        """Set of node names that registered and have not been taken over."""
+        return f"{self.prefix}:nodes"
+
+    def node_agents(self, name: str) -> str:
+        """Set of `session_id/agent_id` whose runtime the node holds."""
+        return f"{self.prefix}:nodeagents:{name}"
+
+    def takeover(self, name: str) -> str:
+        """Claimed by the one node that recovers a dead node's work."""
+        return f"{self.prefix}:takeover:{name}"
+
+    def output(self, ref: str) -> str:
+        """A cell's full output, kept when the preview was truncated."""
+        return f"{self.prefix}:output:{ref}"
+
+    def image(self, ref: str) -> str:
+        return f"{self.prefix}:image:{ref}"
+
+
+SHARED_QUEUE = "actfleet.shared"
+
+
+def node_queue(name: str) -> str:
+    """The Celery queue only the named node consumes."""
+    return f"actfleet.node.{name}"

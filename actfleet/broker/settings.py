@@ -1,0 +1,68 @@
+"""All settings, read once from `ACTFLEET_*` environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every tunable of actfleet; each field is read from `ACTFLEET_<NAME>`."""
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "actfleet"
+    stream_maxlen: int = 10_000
+    """Approximate number of events kept per session stream (XADD MAXLEN ~)."""
+    chunk_flush_ms: int = 40
+    """Chunks are coalesced for this long before they are written to the stream."""
+    chunk_flush_bytes: int = 4096
+    lease_ttl: float = 10.0
+    """Seconds a node's heartbeat and runtime leases live without renewal."""
+    heartbeat_interval: float = 2.0
+    execution_timeout: float = 300.0
+    """Seconds a cell may run (approval waits excluded) before it is interrupted."""
+    interrupt_grace: float = 3.0
+    """Seconds an interrupted cell has to stop before its kernel is restarted."""
+    output_cap: int = 32 * 1024
+    """Bytes of cell output shown to the model and in events; the rest is kept in Redis."""
+    output_ttl: int = 7 * 24 * 3600
+    kernel_start_timeout: float = 60.0
+    kernel_start_concurrency: int = 2
+    """Kernels started at once on a node (staggered start-up)."""
+    warm_kernels: int = 2
+    """Fresh kernels a node keeps started and ready."""
+    runtime_idle_timeout: float = 1800.0
+    """A runtime idle this long is reaped; the model is told its kernel restarted."""
+    model_timeout: float = 600.0
+    visibility_timeout: int = 3600
+    """Celery/Redis visibility timeout; above the longest step."""
+    workdir: str = ""
+    """Root of the runtimes' working directories (default: a temp dir per node)."""
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(f"ACTFLEET_{f.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            kind = type(f.default)
+            try:
+                values[f.name] = kind(raw)
+            except ValueError:
+                raise SettingsError(
+                    f"ACTFLEET_{f.name.upper()}={raw!r} is not a valid {kind.__name__}; "
+                    f"unset it or give a {kind.__name__} (default {f.default!r})"
+                ) from None
+        return cls(**values)
+
+
+class SettingsError(ValueError):
+    """An ACTFLEET_* variable holds a value of the wrong kind."""
+
+
+def settings() -> Settings:
+    """The settings of this process, from its environment."""
+    return Settings.from_env()

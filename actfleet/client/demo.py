@@ -1,0 +1,205 @@
+"""`actfleet demo`: the whole system on one machine, started and stopped by one command.
+
+Uses the configured Redis, or a private redis-server on a free port when none answers;
+starts two worker nodes; submits the bundled example prompts (replayed model responses,
+so no provider key is needed) as one batch; shows every event live; prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from actfleet.broker import events as ev
+from actfleet.broker.settings import Settings
+from actfleet.client.render import Renderer
+from actfleet.client.sdk import Client
+
+NODES = ("demo-1", "demo-2")
+
+
+@dataclass
+class Example:
+    title: str
+    replay: Path
+    prompts: list[str]
+    session_id: str = ""
+    nodes: set[str] = field(default_factory=set)
+    results: list[ev.Event] = field(default_factory=list)
+    cells: int = 0
+    started: float = 0.0
+    elapsed: float = 0.0
+
+
+def run_demo(redis_url: str | None) -> int:
+    console = Console(highlight=False)
+    with ExitStack() as stack:
+        url = _redis(redis_url or Settings.from_env().redis_url, console, stack)
+        if url is None:
+            return 3
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="actfleet-demo-")))
+        stack.enter_context(_nodes(url, workdir, console))
+        client = Client(url)
+        return _run_examples(client, workdir, console)
+    return 0
+
+
+def _redis(url: str, console: Console, stack: ExitStack) -> str | None:
+    """The configured Redis when it answers, else a private one we start and stop."""
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=0.5).ping()
+        console.print(f"[dim]using Redis at {url.split('@')[-1]}[/]")
+        return url
+    except redis.RedisError:
+        pass
+    binary = shutil.which("redis-server")
+    if binary is None:
+        console.print(f"[red]error:[/] no Redis answers at {url} and redis-server is not on "
+                      "PATH; install it (Debian: apt-get install -y redis-server) or set "
+                      "ACTFLEET_REDIS_URL")
+        return None
+    return stack.enter_context(_private_redis(binary, console))
+
+
+@contextmanager
+def _private_redis(binary: str, console: Console) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="actfleet-redis-") as d:
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", d],
+            stdout=subprocess.DEVNULL,
+        )
+        url = f"redis://127.0.0.1:{port}/0"
+        try:
+            _until(lambda: _answers(url), 10, "the private redis-server to answer")
+            console.print(f"[dim]started a private redis-server on port {port}[/]")
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url).ping())
+    except redis.RedisError:
+        return False
+
+
+@contextmanager
+def _nodes(url: str, workdir: Path, console: Console) -> Iterator[None]:
+    env = {**os.environ, "ACTFLEET_REDIS_URL": url, "ACTFLEET_WORKDIR": str(workdir),
+           "ACTFLEET_WARM_KERNELS": "2"}
+    procs = {}
+    r = redis.Redis.from_url(url)
+    prefix = Settings.from_env().key_prefix
+    try:
+        for name in NODES:
+            log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the node
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "actfleet", "worker", "--name", name, "--concurrency",
+                 "4", "--kernels", "4"],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
+        with console.status("starting two worker nodes..."):
+            for name, proc in procs.items():
+                def up(name: str = name, proc: subprocess.Popen[bytes] = proc) -> bool:
+                    if proc.poll() is not None:
+                        log = (workdir / f"{name}.log").read_text(errors="replace")
+                        raise RuntimeError(f"node {name} exited:\n{log[-3000:]}")
+                    return bool(r.exists(f"{prefix}:node:{name}"))
+
+                _until(up, 60, f"node {name} to come up")
+        console.print(f"[dim]nodes up: {', '.join(NODES)}[/]")
+        yield
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        console.print("[dim]nodes stopped[/]")
+
+
+def _until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _load_examples() -> list[Example]:
+    root = files("actfleet") / "examples"
+    manifest = json.loads((root / "demo.json").read_text())
+    return [
+        Example(item["title"], Path(str(root / item["replay"])), list(item["prompts"]))
+        for item in manifest
+    ]
+
+
+def _run_examples(client: Client, workdir: Path, console: Console) -> int:
+    examples = _load_examples()
+    console.rule("[bold]actfleet demo[/] · model responses replayed from bundled files")
+    # One batch: every example's first turn and its follow-ups are enqueued at once; a
+    # session runs its turns in order, the sessions run in parallel on both nodes.
+    for example in examples:
+        example.started = time.monotonic()
+        handle = client.submit(example.prompts[0], model=f"replay:{example.replay}")
+        example.session_id = handle.session_id
+        for prompt in example.prompts[1:]:
+            client.submit(prompt, model=f"replay:{example.replay}", session_id=handle.session_id)
+    for example in examples:
+        console.rule(f"[bold cyan]{example.title}[/] · session {example.session_id}")
+        renderer = Renderer(console)
+        for event in client.events(example.session_id, follow=True):
+            renderer.show(event)
+            if event.node:
+                example.nodes.add(event.node)
+            if isinstance(event, ev.CodeExecutionOutput):
+                example.cells += 1
+            if isinstance(event, ev.TERMINAL):
+                example.results.append(event)
+                if len(example.results) == len(example.prompts):
+                    example.elapsed = time.monotonic() - example.started
+                    break
+    return _summary(examples, console)
+
+
+def _summary(examples: list[Example], console: Console) -> int:
+    table = Table(title="results", title_style="bold")
+    for column in ("example", "session", "turns", "cells", "nodes", "seconds", "status"):
+        table.add_column(column)
+    failures = 0
+    for e in examples:
+        ok = all(isinstance(r, ev.TurnFinished) for r in e.results)
+        failures += not ok
+        table.add_row(e.title, e.session_id, str(len(e.results)), str(e.cells),
+                      ", ".join(sorted(e.nodes)), f"{e.elapsed:.1f}",
+                      "[green]finished[/]" if ok else "[red]failed[/]")
+    console.print(table)
+    console.print("Follow any session again with [bold]actfleet watch SESSION --no-follow[/] "
+                  "(while the demo's Redis runs).")
+    return 1 if failures else 0

@@ -1,0 +1,200 @@
+"""The Python SDK: submit turns, follow a session's events, wait for a turn's result.
+
+Light on purpose: redis-py and msgpack at import; Celery only when a turn is sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from actfleet.broker.events import TERMINAL, Event, TurnStarted
+from actfleet.broker.keys import Keys
+from actfleet.broker.model_names import check_model_name
+from actfleet.broker.replay import load_replay
+from actfleet.broker.settings import Settings
+from actfleet.broker.state import route, submit_turn, text
+from actfleet.broker.stream import aread_events, read_events
+
+AGENT_OPTIONS = {"execution_timeout": float}
+"""Options a submission may set for its agent, with their types."""
+
+
+class RedisUnavailable(ConnectionError):
+    """Redis did not answer at the configured URL."""
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A submitted turn."""
+
+    session_id: str
+    turn_id: str
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """How a turn ended."""
+
+    session_id: str
+    turn_id: str
+    status: str
+    """finished, failed or cancelled."""
+    response: str = ""
+    reason: str = ""
+    error: str = ""
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+class Client:
+    """A connection to an actfleet deployment through its Redis."""
+
+    def __init__(self, redis_url: str | None = None):
+        self.settings = Settings.from_env()
+        if redis_url:
+            self.settings = dataclasses.replace(self.settings, redis_url=redis_url)
+        self.keys = Keys(self.settings.key_prefix)
+        self.redis = redis.Redis.from_url(
+            self.settings.redis_url, socket_connect_timeout=3, health_check_interval=30
+        )
+        self._celery: Any = None
+
+    def ping(self) -> None:
+        """Raise RedisUnavailable, saying what to do, unless Redis answers."""
+        try:
+            self.redis.ping()
+        except redis.RedisError as exc:
+            raise RedisUnavailable(
+                f"cannot reach Redis at {_safe_url(self.settings.redis_url)} ({exc}); start "
+                "redis-server there or point ACTFLEET_REDIS_URL (or --redis-url) at one"
+            ) from None
+
+    def submit(
+        self, prompt: str, *, model: str, session_id: str | None = None, **agent_options: Any
+    ) -> Handle:
+        """Enqueue one turn of the session's main agent (a new session unless `session_id`).
+        Everything is checked before anything is written."""
+        if not prompt.strip():
+            raise ValueError("the prompt is empty; say what the agent should do")
+        check_model_name(model)
+        replay = ""
+        if model.startswith("replay:"):
+            replay, _ = load_replay(Path(model.removeprefix("replay:")))
+        options = _check_options(agent_options)
+        self.ping()
+        session_id = session_id or f"s-{uuid.uuid4().hex[:12]}"
+        turn_id = f"t-{uuid.uuid4().hex[:12]}"
+        now = time.time()
+        started = TurnStarted(session_id=session_id, turn_id=turn_id, corr_id=turn_id,
+                              prompt=prompt, model=model, ts=now)
+        fields = {
+            "session_id": session_id, "agent_id": "main", "prompt": prompt, "model": model,
+            "replay": replay, "options": json.dumps(options), "created_at": now,
+        }
+        state = submit_turn(self.redis, self.keys, self.settings.stream_maxlen,
+                            turn_id=turn_id, started=started, now=now, fields=fields)
+        if state == "started":
+            self._send_first_step(session_id, "main", turn_id)
+        return Handle(session_id, turn_id)
+
+    def _send_first_step(self, session_id: str, agent_id: str, turn_id: str) -> None:
+        from actfleet.broker.celery_app import MODEL_STEP, make_celery, send_step
+
+        if self._celery is None:
+            self._celery = make_celery(self.settings)
+        queue = route(self.redis.get(self.keys.lease(session_id, agent_id)))
+        send_step(self._celery, MODEL_STEP, [session_id, agent_id, turn_id, 1], queue)
+
+    def events(
+        self, session_id: str, after: str | None = None, *, follow: bool = True
+    ) -> Iterator[Event]:
+        """The session's events after stream id `after` (None: from the start); with
+        `follow`, waits for new ones until the caller stops iterating."""
+        return read_events(self.redis, self.keys, session_id, after, follow=follow)
+
+    async def aevents(
+        self, session_id: str, after: str | None = None, *, follow: bool = True
+    ) -> AsyncIterator[Event]:
+        """`events` for asyncio code."""
+        import redis.asyncio as aioredis
+
+        conn = aioredis.Redis.from_url(self.settings.redis_url)
+        try:
+            async for event in aread_events(conn, self.keys, session_id, after, follow=follow):
+                yield event
+        finally:
+            await conn.aclose()
+
+    def last_event_id(self, session_id: str) -> str:
+        """The newest stream id of the session ("0-0" when it has none yet)."""
+        last = self.redis.xrevrange(self.keys.stream(session_id), count=1)
+        return text(last[0][0]) if last else "0-0"
+
+    def result(self, turn_id: str) -> TurnResult | None:
+        """How the turn ended, or None while it runs or waits."""
+        raw = {text(k): text(v) for k, v in self.redis.hgetall(self.keys.turn(turn_id)).items()}
+        if raw.get("status") not in ("finished", "failed", "cancelled"):
+            return None
+        return TurnResult(
+            session_id=raw["session_id"], turn_id=turn_id, status=raw["status"],
+            response=raw.get("response", ""), reason=raw.get("reason", ""),
+            error=raw.get("error", ""),
+            usage={k: int(raw.get(k, 0)) for k in ("input_tokens", "output_tokens", "requests")},
+        )
+
+    def wait(self, handle: Handle, timeout: float | None = None) -> TurnResult:
+        """Block until the turn ends; TimeoutError after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cursor = self.last_event_id(handle.session_id)
+        while True:
+            result = self.result(handle.turn_id)
+            if result is not None:
+                return result
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"turn {handle.turn_id} did not end within {timeout} s")
+            block = 1000 if remaining is None else max(1, min(1000, int(remaining * 1000)))
+            reply = self.redis.xread({self.keys.stream(handle.session_id): cursor}, block=block)
+            if reply:
+                cursor = text(reply[0][1][-1][0])
+
+    def output(self, ref: str) -> str:
+        """The full output of a truncated cell (`CodeExecutionOutput.output_ref`)."""
+        data = self.redis.get(self.keys.output(ref))
+        if data is None:
+            raise KeyError(f"no stored output {ref!r} (expired or never truncated)")
+        return text(data)
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+def is_terminal_for(event: Event, turn_id: str) -> bool:
+    """Whether the event ends the given turn."""
+    return isinstance(event, TERMINAL) and event.turn_id == turn_id
+
+
+def _check_options(options: dict[str, Any]) -> dict[str, Any]:
+    for name, value in options.items():
+        kind = AGENT_OPTIONS.get(name)
+        if kind is None:
+            raise ValueError(f"unknown agent option {name!r}; known: {', '.join(AGENT_OPTIONS)}")
+        if not isinstance(value, (kind, int)) or isinstance(value, bool):
+            raise ValueError(f"agent option {name!r} must be a {kind.__name__}, got {value!r}")
+    return options
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"

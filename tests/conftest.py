@@ -1,0 +1,164 @@
+"""Real parts for the tests: a private redis-server on a free port (never the machine's
+shared Redis), and real `actfleet worker` processes with real kernels."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+ACTFLEET = [sys.executable, "-m", "actfleet"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):  # noqa: ANN001
+    """Poll a state-proving predicate until it holds; fail the test naming what was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private redis-server for the whole run; yields its base URL (no db)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not on PATH; install it (Debian: apt-get install -y "
+                    "redis-server) or run the tests through .ci/run")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+         "no", "--dir", str(workdir), "--databases", "64"],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    wait_for(answers, 10, "redis-server to answer")
+    yield f"redis://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+
+
+_next_db = iter(range(1, 64))
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> str:
+    """A Redis database of the private server no other test uses."""
+    return f"{redis_server}/{next(_next_db)}"
+
+
+class Fleet:
+    """Worker nodes started as real `actfleet worker` processes."""
+
+    def __init__(self, redis_url: str, workdir: Path, env: dict[str, str] | None = None):
+        self.redis_url = redis_url
+        self.redis = redis.Redis.from_url(redis_url)
+        self.workdir = workdir
+        self.env = {
+            **os.environ,
+            "ACTFLEET_REDIS_URL": redis_url,
+            "ACTFLEET_LEASE_TTL": "3",
+            "ACTFLEET_HEARTBEAT_INTERVAL": "0.5",
+            "ACTFLEET_WARM_KERNELS": "1",
+            "ACTFLEET_WORKDIR": str(workdir),
+            **(env or {}),
+        }
+        self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str) -> None:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives with the node
+        self.nodes[name] = subprocess.Popen(
+            [*ACTFLEET, "worker", "--name", name, *args], env=self.env, stdout=log,
+            stderr=subprocess.STDOUT, cwd=self.workdir,
+        )
+        wait_for(lambda: self._ready(name), 60, f"node {name} to come up")
+
+    def _ready(self, name: str) -> bool:
+        proc = self.nodes[name]
+        if proc.poll() is not None:
+            pytest.fail(f"node {name} exited with {proc.returncode}:\n{self.log(name)}")
+        return bool(self.redis.exists(f"actfleet:node:{name}"))
+
+    def log(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")[-5000:]
+
+    def kill(self, name: str) -> None:
+        self.nodes[name].send_signal(signal.SIGKILL)
+        self.nodes[name].wait(10)
+
+    def stop(self) -> None:
+        for proc in self.nodes.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in self.nodes.items():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+                print(f"node {name} did not stop on SIGTERM:\n{self.log(name)}")
+
+
+@pytest.fixture
+def fleet_factory(tmp_path: Path) -> Iterator:
+    """Start fleets on given Redis URLs; every node is stopped at the end of the test."""
+    fleets: list[Fleet] = []
+
+    def make(redis_url: str, env: dict[str, str] | None = None) -> Fleet:
+        fleet = Fleet(redis_url, tmp_path / f"fleet-{len(fleets)}", env)
+        fleet.workdir.mkdir()
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.stop()
+
+
+def cli(redis_url: str, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
+        input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the `actfleet` CLI as a user would."""
+    return subprocess.run(
+        [*ACTFLEET, *args], capture_output=True, text=True, timeout=timeout, input=input,
+        env={**os.environ, "ACTFLEET_REDIS_URL": redis_url, "COLUMNS": "120", **(env or {})},
+    )
+
+
+def write_replay(path: Path, *lines: dict) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
