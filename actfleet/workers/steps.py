@@ -44,6 +44,8 @@ from actfleet.broker.state import claim_step, commit_step, step_id, text
 from actfleet.broker.stream import ChunkCoalescer
 from actfleet.workers.models import (
     CODE_TOOL,
+    ModelCallError,
+    ModelConfigError,
     code_tool_definition,
     dump_message,
     load_message,
@@ -114,6 +116,10 @@ async def run_step(node: Node, kind: str, session_id: str, agent_id: str, turn_i
                 await _model_step(node, runtime, turn, sid, step_no)
             else:
                 await _execution_step(node, runtime, turn, sid, step_no, previous_owner)
+        except (ModelCallError, ModelConfigError) as exc:
+            # One line, secrets stripped; the provider's raw message stays out of the logs.
+            log.warning("step %s: %s", sid, exc)
+            await _fail(node, turn, sid, str(exc))
         except Exception as exc:
             log.exception("step %s failed", sid)
             await _fail(node, turn, sid, f"{type(exc).__name__}: {exc}")
@@ -259,7 +265,7 @@ async def _run_call(node: Node, runtime: Runtime, call: ToolCallPart,
                                "truncated": result.truncated}
     ttl = node.settings.output_ttl
     if result.truncated and result.full_text is not None:
-        ref = f"{runtime.session_id}:{call.tool_call_id}"
+        ref = f"{runtime.session_id}:{env['turn_id']}:{runtime.agent_id}:{call.tool_call_id}"
         await node.redis.set(node.keys.output(ref), result.full_text, ex=ttl)
         outcome["output_ref"] = ref
     images = []
