@@ -42,6 +42,10 @@ class Keys:
         """Hash: status, current step, usage, response or error."""
         return f"{self.prefix}:turn:{turn_id}"
 
+    def turn_started(self, turn_id: str) -> str:
+        """The TurnStarted event of a queued turn, written to the stream when it starts."""
+        return f"{self.prefix}:turnstart:{turn_id}"
+
     def step(self, step_id: str) -> str:
         """Hash: owner node, state (running or done)."""
         return f"{self.prefix}:step:{step_id}"

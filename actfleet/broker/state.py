@@ -17,11 +17,11 @@ _SUBMIT = (
     EMIT_LUA
     + """
 redis.call('HSET', KEYS[2], unpack(ARGV, 6))
-redis.call('HSET', KEYS[2], 'started_event', ARGV[3])
 redis.call('ZADD', KEYS[6], ARGV[4], ARGV[5])
 redis.call('HSETNX', KEYS[7], 'created_at', ARGV[4])
 local active = redis.call('HGET', KEYS[1], 'active_turn')
 if active and active ~= '' then
+  redis.call('SET', KEYS[8], ARGV[3])
   redis.call('RPUSH', KEYS[3], ARGV[1])
   redis.call('HSET', KEYS[2], 'status', 'queued')
   return 'queued'
@@ -68,7 +68,9 @@ if ARGV[i] == '1' then
     local tk = ARGV[1] .. ':turn:' .. nxt
     redis.call('HSET', KEYS[6], 'active_turn', nxt)
     redis.call('HSET', tk, 'status', 'running', 'step_no', 1, 'step_kind', 'model')
-    emit(KEYS[4], KEYS[5], ARGV[2], {redis.call('HGET', tk, 'started_event')}, 1, 1)
+    local sk = ARGV[1] .. ':turnstart:' .. nxt
+    emit(KEYS[4], KEYS[5], ARGV[2], {redis.call('GET', sk)}, 1, 1)
+    redis.call('DEL', sk)
   else
     nxt = ''
     redis.call('HSET', KEYS[6], 'active_turn', '')
@@ -122,7 +124,7 @@ def submit_turn(
     s, a = started.session_id, started.agent_id
     result = redis.eval(
         _SUBMIT,
-        7,
+        8,
         keys.agent(s, a),
         keys.turn(turn_id),
         keys.turn_queue(s, a),
@@ -130,6 +132,7 @@ def submit_turn(
         keys.stream(s),
         keys.sessions(),
         keys.session(s),
+        keys.turn_started(turn_id),
         turn_id,
         maxlen,
         encode(stamp(started)),

@@ -64,11 +64,7 @@ class Node:
         # A previous process under this name may have died holding agents: recover them.
         await self.recover(self.name, own=True)
         await self._beat()
-        self.pool = KernelPool(
-            warm=self.settings.warm_kernels,
-            start_concurrency=self.settings.kernel_start_concurrency,
-            start_timeout=self.settings.kernel_start_timeout,
-        )
+        self.pool = KernelPool.from_settings(self.settings)
         await self.pool.start()
         self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
 

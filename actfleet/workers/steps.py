@@ -109,9 +109,10 @@ async def run_step(node: Node, kind: str, session_id: str, agent_id: str, turn_i
                                                    node.boot)
         if verdict != "ok":
             return
-        fields = {text(k): text(v) for k, v in (await node.redis.hgetall(node.keys.turn(turn_id))).items()}
-        turn = Turn(session_id, agent_id, turn_id, fields)
+        turn = Turn(session_id, agent_id, turn_id, {})
         try:
+            raw = await node.redis.hgetall(node.keys.turn(turn_id))
+            turn = Turn(session_id, agent_id, turn_id, {text(k): text(v) for k, v in raw.items()})
             if kind == "model":
                 await _model_step(node, runtime, turn, sid, step_no)
             else:

@@ -1,0 +1,521 @@
+"""One stateful IPython kernel: start, execute, interrupt, restart, shutdown.
+
+ipykernel is driven through jupyter_client's async API, not ipybox's `CodeExecutor`, which
+loses output and hangs when its kernel dies (DESIGN §7). A `Kernel` is the handle an agent's
+runtime holds; behind it a `KernelProcess` is replaced whenever the kernel dies or has to be
+restarted, and ipybox's init code (cwd restore, shell guard, approval hooks) is re-applied
+to every new process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from queue import Empty
+from typing import Any, Literal
+
+import zmq.asyncio
+from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+
+from actfleet.broker.settings import Settings
+from actfleet.broker.settings import settings as current_settings
+from actfleet.workers.shell_approvals import ShellApprovals
+
+__all__ = (
+    "CellResult",
+    "CellStatus",
+    "Kernel",
+    "KernelClosedError",
+    "KernelProcess",
+    "KernelStartError",
+    "Launcher",
+    "OnOutput",
+    "OnShell",
+    "kernel_env",
+)
+
+logger = logging.getLogger(__name__)
+
+CellStatus = Literal["ok", "error", "interrupted", "restarted", "died"]
+OnOutput = Callable[[str], None]
+"""Called with each piece of a cell's output as it arrives (until the output cap is reached)."""
+OnShell = Callable[[str], Awaitable[bool]]
+"""Decides a `!cmd` the cell wants to run: `True` runs it once, `False` makes it raise."""
+Launcher = Callable[[], Awaitable["KernelProcess"]]
+"""Where a `Kernel` gets a fresh process from, at start and on every restart."""
+
+_POLL = 0.25
+"""Seconds a silent wait lasts before checking that the kernel process is still alive."""
+_MARKER_ROOM = 64
+"""Bytes of the output cap set aside for the preview's omission marker."""
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+_SECRET_PREFIXES = ("ACTFLEET_", "OPENAI_", "ANTHROPIC_", "GOOGLE_", "GEMINI_")
+_KERNEL_SPECS = KernelSpecManager(kernel_dirs=[])
+"""Only the native spec: this interpreter's ipykernel, whatever kernelspecs are installed."""
+
+_DIED = "Kernel died while executing; its state was lost. A fresh kernel is running."
+_DIED_IDLE = (
+    "Kernel had died since the previous cell; its state was lost. This cell ran in a fresh kernel."
+)
+_SHUT_DOWN = "Kernel was shut down while executing."
+
+
+class KernelStartError(RuntimeError):
+    """A kernel process did not come up, or its init code failed."""
+
+
+class KernelClosedError(RuntimeError):
+    """The kernel (or pool) was shut down."""
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """What one cell did; `text` is what the model sees."""
+
+    status: CellStatus
+    text: str
+    """The output with any status note, or a head...tail preview of it over the output cap."""
+    full_text: str | None
+    """The complete output when `text` is a preview (for the caller to store), else `None`."""
+    truncated: bool
+    images: tuple[bytes, ...]
+    """PNG images the cell displayed."""
+    duration: float
+    """Wall-clock seconds, approval waits included."""
+
+
+def kernel_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment minus anything that may be a secret, plus `extra`."""
+    env = {name: value for name, value in os.environ.items() if not _is_secret(name)}
+    env.update(extra or {})
+    for name in ("no_proxy", "NO_PROXY"):  # approval requests go to 127.0.0.1, never a proxy
+        env[name] = ",".join(filter(None, (env.get(name), "127.0.0.1")))
+    return env
+
+
+def _is_secret(name: str) -> bool:
+    upper = name.upper()
+    return upper.startswith(_SECRET_PREFIXES) or any(word in upper for word in _SECRET_WORDS)
+
+
+class KernelProcess:
+    """One ipykernel process, its IPC sockets and connection file in a private directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.manager = AsyncKernelManager(
+            transport="ipc",
+            ip=str(directory / "ipc"),
+            connection_file=str(directory / "connection.json"),
+            kernel_spec_manager=_KERNEL_SPECS,
+            context=zmq.asyncio.Context.instance(),
+        )
+        self.manager.write_connection_file()  # so the client knows the sockets before launch
+        self.client: AsyncKernelClient = self.manager.client(context=self.manager.context)
+
+    @classmethod
+    async def launch(cls, env: Mapping[str, str], *, timeout: float) -> KernelProcess:
+        """Start a kernel and wait until it answers; kill it if that takes over `timeout` s."""
+        process = cls(Path(tempfile.mkdtemp(prefix="actfleet-kernel-")))
+        try:
+            async with asyncio.timeout(timeout):
+                await process.manager.start_kernel(env=dict(env), cwd=str(process.directory))
+                # No heartbeat channel: it runs a thread; liveness is polled from the process.
+                process.client.start_channels(stdin=False, hb=False, control=False)
+                await process._handshake()
+        except TimeoutError:
+            await process.close()
+            raise KernelStartError(f"kernel did not start within {timeout:g} s") from None
+        except BaseException:
+            await process.close()
+            raise
+        return process
+
+    async def alive(self) -> bool:
+        return await self.manager.is_alive()
+
+    async def interrupt(self) -> None:
+        """SIGINT to the kernel's process group: the running cell gets KeyboardInterrupt."""
+        if await self.alive():
+            await self.manager.interrupt_kernel()
+
+    async def kill(self) -> None:
+        """SIGKILL the kernel's process group and wait for it; the client stays open."""
+        await self.manager.shutdown_kernel(now=True)
+
+    async def close(self) -> None:
+        await self.kill()
+        self.client.stop_channels()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    async def _handshake(self) -> None:
+        """Wait for a kernel_info reply on shell and a first message on iopub (subscribed)."""
+        while True:
+            self.client.kernel_info()
+            try:
+                # Any kernel_info reply will do: under load it may answer an earlier request.
+                reply = await self.client.get_shell_msg(timeout=1)
+                if reply["msg_type"] == "kernel_info_reply":
+                    await self.client.get_iopub_msg(timeout=0.5)
+                    return
+            except Empty:
+                if not await self.alive():
+                    raise KernelStartError("kernel process exited during start-up") from None
+
+
+class Kernel:
+    """An agent's stateful kernel; it outlives its process dying or being restarted."""
+
+    def __init__(self, working_dir: Path, launcher: Launcher, settings: Settings) -> None:
+        self.working_dir = working_dir
+        self._launcher = launcher
+        self._settings = settings
+        self._approvals = ShellApprovals(self._decide)
+        self._process: KernelProcess | None = None
+        self._replacing: asyncio.Task[None] | None = None
+        self._cell: _Cell | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def start(
+        cls,
+        working_dir: Path | str,
+        *,
+        settings: Settings | None = None,
+        env: Mapping[str, str] | None = None,
+        launcher: Launcher | None = None,
+    ) -> Kernel:
+        """A kernel working in `working_dir` (created if missing), ipybox's init code applied.
+
+        Processes come from `launcher` (e.g. a `KernelPool`), else are launched here with
+        `kernel_env(env)`.
+        """
+        settings = settings or current_settings()
+        if launcher is None:
+            launcher = partial(
+                KernelProcess.launch, kernel_env(env), timeout=settings.kernel_start_timeout
+            )
+        elif env is not None:
+            raise ValueError("pass env to the launcher, not beside it")
+        working_dir = Path(working_dir).resolve()
+        working_dir.mkdir(parents=True, exist_ok=True)
+        kernel = cls(working_dir, launcher, settings)
+        try:
+            await kernel._approvals.start()
+            await kernel._replace_process()
+        except BaseException:
+            await kernel.shutdown()
+            raise
+        return kernel
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        on_output: OnOutput | None = None,
+        on_shell: OnShell | None = None,
+    ) -> CellResult:
+        """Run one cell until the kernel reports idle for it, it times out, or it dies.
+
+        `timeout` (default: settings' `execution_timeout`) excludes time spent awaiting
+        `on_shell`; without `on_shell` shell commands are approved.
+        """
+        timeout = self._settings.execution_timeout if timeout is None else timeout
+        async with self._lock:
+            started = time.monotonic()
+            process, lost = await self._live_process()
+            out = _Output(self._settings.output_cap, on_output)
+            if lost:
+                out.note(_DIED_IDLE)
+            self._cell = cell = _Cell(on_shell)
+            # stop_on_error=False: an abandoned erroring cell must not abort the next one.
+            msg_id = process.client.execute(code, allow_stdin=False, stop_on_error=False)
+            finished = False
+            try:
+                status = await self._run(process, msg_id, out, cell.clock, timeout)
+                finished = True
+            finally:
+                self._cell = None
+                await self._approvals.reject_pending()
+                if not finished:  # cancelled, or on_output raised: don't leave the cell running
+                    await process.interrupt()
+            text = out.text()
+            preview, truncated = _preview(text, self._settings.output_cap)
+            return CellResult(
+                status=status,
+                text=preview,
+                full_text=text if truncated else None,
+                truncated=truncated,
+                images=tuple(out.images),
+                duration=time.monotonic() - started,
+            )
+
+    async def interrupt(self) -> None:
+        """Interrupt the running cell, if any (SIGINT to the kernel's process group)."""
+        if self._process is not None:
+            await self._process.interrupt()
+
+    async def restart(self) -> None:
+        """Replace the kernel process with a fresh one; its state is lost, init re-applied."""
+        async with self._lock:
+            self._check_open()
+            await self._settle_replacement()
+            await self._replace_process()
+
+    async def shutdown(self) -> None:
+        """Kill the kernel and its approval server; a running cell returns as died."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._replacing is not None:
+            self._replacing.cancel()
+        if self._process is not None:
+            await self._process.kill()
+        async with self._lock:  # a running cell notices the death within _POLL and returns
+            await self._settle_replacement()
+            if self._process is not None:
+                await self._process.close()
+                self._process = None
+        await self._approvals.close()
+
+    async def _run(
+        self, process: KernelProcess, msg_id: str, out: _Output, clock: _Clock, timeout: float
+    ) -> CellStatus:
+        """Collect a started cell's output and settle how it ended."""
+        state = await _until_idle(process, msg_id, out, lambda: timeout - clock.elapsed())
+        if state == "late":
+            await process.interrupt()
+            grace_end = time.monotonic() + self._settings.interrupt_grace
+            state = await _until_idle(process, msg_id, out, lambda: grace_end - time.monotonic())
+            if state == "idle":
+                await _reply(process, msg_id)
+                out.note(
+                    f"Execution exceeded the {timeout:g} s timeout and was interrupted; "
+                    "the kernel kept its state."
+                )
+                return "interrupted"
+            if state == "late":
+                await process.kill()
+                self._replace_in_background()
+                out.note(
+                    f"Execution exceeded the {timeout:g} s timeout and did not stop when "
+                    "interrupted; the kernel was restarted and its state was lost."
+                )
+                return "restarted"
+        if state == "idle" and (reply := await _reply(process, msg_id)) is not None:
+            return "error" if out.error or reply["content"]["status"] != "ok" else "ok"
+        if self._closed:
+            out.note(_SHUT_DOWN)
+        else:
+            self._replace_in_background()
+            out.note(_DIED)
+        return "died"
+
+    async def _live_process(self) -> tuple[KernelProcess, bool]:
+        """The process to run the next cell on; `True` if the previous one died while idle."""
+        self._check_open()
+        await self._settle_replacement(raise_failure=True)
+        lost = self._process is not None and not await self._process.alive()
+        if self._process is None or lost:
+            await self._replace_process()
+        assert self._process is not None
+        return self._process, lost
+
+    async def _replace_process(self) -> None:
+        """Close the current process, if any, and bring up a fresh one with init applied."""
+        old, self._process = self._process, None
+        if old is not None:
+            await old.close()
+        process = await self._launcher()
+        try:
+            out = _Output(self._settings.output_cap, None)
+            msg_id = process.client.execute(
+                self._approvals.init_code(self.working_dir), store_history=False, allow_stdin=False
+            )
+            limit = time.monotonic() + self._settings.kernel_start_timeout
+            state = await _until_idle(process, msg_id, out, lambda: limit - time.monotonic())
+            if state != "idle" or out.error:
+                raise KernelStartError(f"kernel init code did not run ({state}):\n{out.text()}")
+            await _reply(process, msg_id)
+        except BaseException:
+            await process.close()
+            raise
+        self._process = process
+
+    def _replace_in_background(self) -> None:
+        if not self._closed:
+            self._replacing = asyncio.create_task(self._replace_process())
+
+    async def _settle_replacement(self, *, raise_failure: bool = False) -> None:
+        """Wait for a background replacement; its failure leaves no process (and may raise)."""
+        task, self._replacing = self._replacing, None
+        if task is None:
+            return
+        try:
+            await task
+        except Exception:
+            if raise_failure:
+                raise
+            logger.warning("kernel restart failed", exc_info=True)
+        except asyncio.CancelledError:
+            if not task.cancelled():  # we were cancelled, not the task
+                raise
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KernelClosedError("kernel was shut down")
+
+    async def _decide(self, cmd: str) -> bool:
+        """Approval of a `!cmd` from this kernel: asks the running cell's `on_shell`."""
+        cell = self._cell
+        if cell is None:
+            logger.warning("shell command %r requested outside a cell; rejected", cmd)
+            return False
+        if cell.on_shell is None:
+            return True
+        with cell.clock.paused():
+            return await cell.on_shell(cmd)
+
+
+async def _until_idle(
+    process: KernelProcess, msg_id: str, out: _Output, remaining: Callable[[], float]
+) -> Literal["idle", "late", "dead"]:
+    """Collect the cell's iopub output until the kernel reports idle for it (or dies, or
+    `remaining()` seconds run out)."""
+    while (left := remaining()) > 0:
+        try:
+            msg = await process.client.get_iopub_msg(timeout=min(left, _POLL))
+        except Empty:
+            if not await process.alive():
+                return "dead"
+            continue
+        if msg["parent_header"].get("msg_id") == msg_id and out.take(msg):
+            return "idle"
+    return "late"
+
+
+async def _reply(process: KernelProcess, msg_id: str) -> dict[str, Any] | None:
+    """The cell's shell reply, or `None` if the kernel died first."""
+    while True:
+        try:
+            msg = await process.client.get_shell_msg(timeout=_POLL)
+        except Empty:
+            if not await process.alive():
+                return None
+            continue
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg
+
+
+class _Output:
+    """A cell's output, kept in full; pieces go to `on_output` until the cap is reached."""
+
+    def __init__(self, cap: int, on_output: OnOutput | None) -> None:
+        self._cap = cap
+        self._on_output = on_output
+        self._parts: list[str] = []
+        self._streamed = 0
+        self.images: list[bytes] = []
+        self.error = False
+
+    def take(self, msg: dict[str, Any]) -> bool:
+        """Record one iopub message of the cell; `True` when it says the kernel is idle."""
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "status":
+            return content["execution_state"] == "idle"
+        if kind == "stream":
+            self.write(content["text"])
+        elif kind in ("execute_result", "display_data", "update_display_data"):
+            data = content["data"]
+            if png := data.get("image/png"):
+                self.images.append(base64.b64decode(png))
+            elif text := data.get("text/plain"):
+                self.write(text + "\n")
+        elif kind == "error":
+            self.error = True
+            self.write(_ANSI.sub("", "\n".join(content["traceback"])) + "\n")
+        return False
+
+    def write(self, text: str) -> None:
+        self._parts.append(text)
+        if self._on_output is None or self._streamed >= self._cap:
+            return
+        data = text.encode()
+        room = self._cap - self._streamed
+        self._streamed += len(data)
+        self._on_output(text if len(data) <= room else data[:room].decode(errors="ignore"))
+
+    def note(self, text: str) -> None:
+        """A status line of ours, on a line of its own."""
+        at_line_start = not self._parts or self._parts[-1].endswith("\n")
+        self.write(("" if at_line_start else "\n") + f"[{text}]\n")
+
+    def text(self) -> str:
+        return "".join(self._parts)
+
+
+def _preview(text: str, cap: int) -> tuple[str, bool]:
+    """`text` if it fits in `cap` bytes, else its head and tail around an omission marker."""
+    data = text.encode()
+    if len(data) <= cap:
+        return text, False
+    half = max(cap - _MARKER_ROOM, 0) // 2
+    head = data[:half].decode(errors="ignore")
+    tail = data[len(data) - half :].decode(errors="ignore")
+    omitted = len(data) - 2 * half
+    return f"{head}\n[... {omitted} bytes of output omitted ...]\n{tail}", True
+
+
+class _Clock:
+    """Seconds since the cell started, not counting time spent paused (approval waits)."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+        self._paused_total = 0.0
+        self._paused_since = 0.0
+        self._pauses = 0
+
+    def elapsed(self) -> float:
+        now = time.monotonic()
+        paused = self._paused_total + (now - self._paused_since if self._pauses else 0.0)
+        return now - self._start - paused
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        if not self._pauses:
+            self._paused_since = time.monotonic()
+        self._pauses += 1
+        try:
+            yield
+        finally:
+            self._pauses -= 1
+            if not self._pauses:
+                self._paused_total += time.monotonic() - self._paused_since
+
+
+@dataclass
+class _Cell:
+    """The cell a kernel is running: who decides its shell commands, and its timeout clock."""
+
+    on_shell: OnShell | None
+    clock: _Clock = field(default_factory=_Clock)

@@ -1,0 +1,242 @@
+"""The kernel layer against real ipykernel processes: output, death, timeouts, caps, the warm
+pool, and shell-command approval."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actfleet.broker.settings import Settings
+from actfleet.workers.kernel import Kernel
+from actfleet.workers.kernel_pool import KernelPool
+
+SETTINGS = dataclasses.replace(
+    Settings(), execution_timeout=30.0, interrupt_grace=1.0, kernel_start_timeout=60.0
+)
+PNG = base64.b64decode(  # a 1x1 transparent PNG
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII="
+)
+
+
+def run(test: Callable[..., Awaitable[None]], *args: Any) -> None:
+    asyncio.run(test(*args))
+
+
+@asynccontextmanager
+async def kernels(tmp: Path, count: int = 1, *, warm: int = 0, concurrency: int = 2):
+    async with KernelPool(warm, concurrency, settings=SETTINGS) as pool:
+        yield await asyncio.gather(*(pool.acquire(tmp / f"work{i}") for i in range(count)))
+
+
+@pytest.fixture
+def cpu_burners() -> Iterator[None]:
+    """Two processes spinning on the CPU for the duration of the test."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+def test_print_output_arrives_complete_and_in_order_under_cpu_load(
+    tmp_path: Path, cpu_burners: None
+) -> None:
+    async def test() -> None:
+        async with kernels(tmp_path) as (kernel,):
+            streamed: list[str] = []
+            for i in range(1000):
+                result = await kernel.execute(f"print({i})", on_output=streamed.append)
+                assert (result.status, result.text) == ("ok", f"{i}\n")
+            assert "".join(streamed) == "".join(f"{i}\n" for i in range(1000))
+
+    run(test)
+
+
+def test_kernel_death_is_reported_and_next_cell_gets_fresh_guarded_kernel(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with kernels(tmp_path) as (kernel,):
+            await kernel.execute("x = 1")
+            died = await kernel.execute("import os; os._exit(1)")
+            assert died.status == "died"
+            assert died.duration < 2
+            assert "Kernel died while executing; its state was lost." in died.text
+
+            fresh = await kernel.execute("import os; print('x' in globals(), os.getcwd())")
+            assert fresh.text == f"False {kernel.working_dir}\n"
+            guarded = await kernel.execute("import subprocess; subprocess.run(['true'])")
+            assert guarded.status == "error"
+            assert "RuntimeError: Direct subprocess calls are not allowed" in guarded.text
+            assert "\x1b" not in guarded.text
+            shell = await kernel.execute("!echo hi")
+            assert (shell.status, shell.text.splitlines()) == ("ok", ["hi"])  # via a pty: \\r\\n
+
+    run(test)
+
+
+def test_timeout_interrupts_and_keeps_state_or_restarts_a_stubborn_cell(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with kernels(tmp_path) as (kernel,):
+            await kernel.execute("x = 1")
+            looped = await kernel.execute("while True: pass", timeout=1)
+            assert looped.status == "interrupted"
+            assert "KeyboardInterrupt" in looped.text
+            assert "the kernel kept its state" in looped.text
+            assert (await kernel.execute("print(x)")).text == "1\n"
+
+            stubborn = await kernel.execute(
+                "import time\nwhile True:\n    try:\n        time.sleep(0.01)\n"
+                "    except KeyboardInterrupt:\n        pass",
+                timeout=1,
+            )
+            assert stubborn.status == "restarted"
+            assert "the kernel was restarted and its state was lost" in stubborn.text
+            after = await kernel.execute("print('x' in globals())")
+            assert (after.status, after.text) == ("ok", "False\n")
+
+    run(test)
+
+
+def test_large_output_is_previewed_kept_in_full_and_does_not_break_the_kernel(
+    tmp_path: Path,
+) -> None:
+    cap = SETTINGS.output_cap
+
+    async def test() -> None:
+        async with kernels(tmp_path) as (kernel,):
+            streamed: list[str] = []
+            big = await kernel.execute(
+                "print('<' + 'a' * 40_000 + '|' + 'b' * 40_000 + '>')", on_output=streamed.append
+            )
+            assert big.status == "ok" and big.truncated
+            assert big.full_text == "<" + "a" * 40_000 + "|" + "b" * 40_000 + ">\n"
+            assert len(big.text.encode()) <= cap
+            assert big.text.startswith("<aaa") and big.text.endswith("bbb>\n")
+            assert "bytes of output omitted" in big.text and "|" not in big.text
+            assert len("".join(streamed).encode()) == cap
+
+            huge = await kernel.execute("for _ in range(10_000): print('y' * 999)")
+            assert huge.status == "ok" and huge.truncated
+            assert huge.full_text is not None and len(huge.full_text) == 10_000_000
+            assert (await kernel.execute("print('still here')")).text == "still here\n"
+
+            small = await kernel.execute(
+                f"from IPython.display import Image, display\n"
+                f"display(Image(data={PNG!r}))\nprint('done')"
+            )
+            assert (small.status, small.text, small.images) == ("ok", "done\n", (PNG,))
+            assert (small.truncated, small.full_text) == (False, None)
+
+    run(test)
+
+
+def test_eight_kernels_requested_at_once_all_come_up(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with kernels(tmp_path, 8, warm=2, concurrency=2) as all_eight:
+            results = [await k.execute("import os; print(os.getpid())") for k in all_eight]
+            assert [r.status for r in results] == ["ok"] * 8
+            assert len({r.text for r in results}) == 8
+
+    run(test)
+
+
+def test_kernels_do_not_inherit_provider_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secrets = ["OPENAI_API_KEY", "ACTFLEET_REDIS_URL", "MY_TOKEN", "db_password", "GEMINI_X"]
+    for name in secrets:
+        monkeypatch.setenv(name, "s3cret")
+    monkeypatch.setenv("PLAIN_SETTING", "visible")
+
+    async def test() -> None:
+        async with kernels(tmp_path) as (kernel,):
+            result = await kernel.execute(f"import os; print([n in os.environ for n in {secrets}])")
+            assert result.text == f"{[False] * len(secrets)}\n"
+            plain = await kernel.execute("print(os.environ['PLAIN_SETTING'])")
+            assert plain.text == "visible\n"
+
+    run(test)
+
+
+def test_shell_approval_wait_does_not_count_against_the_timeout(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    async def slow_yes(cmd: str) -> bool:
+        asked.append(cmd)
+        await asyncio.sleep(5)  # a human taking their time, not synchronisation
+        return True
+
+    async def test() -> None:
+        async with kernels(tmp_path) as (kernel,):
+            result = await kernel.execute("!echo ran >> log.txt", timeout=2, on_shell=slow_yes)
+            assert result.status == "ok", result.text
+            assert asked == ["echo ran >> log.txt"]
+            assert (kernel.working_dir / "log.txt").read_text() == "ran\n"
+
+    run(test)
+
+
+def test_rejected_shell_command_raises_in_the_cell_and_does_not_run(tmp_path: Path) -> None:
+    async def no(cmd: str) -> bool:
+        return False
+
+    async def test() -> None:
+        async with kernels(tmp_path) as (kernel,):
+            result = await kernel.execute("!touch rejected.txt", on_shell=no)
+            assert result.status == "error"
+            assert "ApprovalRejectedError" in result.text and "rejected" in result.text
+            assert not (kernel.working_dir / "rejected.txt").exists()
+
+    run(test)
+
+
+def test_two_kernels_asking_at_once_each_reach_their_own_callback(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with kernels(tmp_path, 2) as (first, second):
+            asked: dict[str, list[str]] = {"first": [], "second": []}
+            both_asking = asyncio.Event()
+
+            def callback(name: str) -> Callable[[str], Awaitable[bool]]:
+                async def on_shell(cmd: str) -> bool:
+                    asked[name].append(cmd)
+                    if all(asked.values()):
+                        both_asking.set()
+                    await both_asking.wait()  # both requests are pending at the same time
+                    return True
+
+                return on_shell
+
+            results = await asyncio.wait_for(
+                asyncio.gather(
+                    first.execute("!echo one", on_shell=callback("first")),
+                    second.execute("!echo two", on_shell=callback("second")),
+                ),
+                timeout=30,
+            )
+            assert [r.text.split() for r in results] == [["one"], ["two"]]
+            assert asked == {"first": ["echo one"], "second": ["echo two"]}
+
+    run(test)
+
+
+def test_kernel_works_without_a_pool(tmp_path: Path) -> None:
+    async def test() -> None:
+        kernel = await Kernel.start(tmp_path / "solo", settings=SETTINGS)
+        try:
+            result = await kernel.execute("import os; print(os.getcwd())")
+            assert result.text == f"{tmp_path / 'solo'}\n"
+        finally:
+            await kernel.shutdown()
+        assert kernel.closed
+
+    run(test)
