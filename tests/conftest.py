@@ -44,13 +44,28 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A private redis-server for the whole run; yields its base URL (no db)."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.fail("redis-server is not on PATH; install it (Debian: apt-get install -y "
-                    "redis-server) or run the tests through .ci/run")
+        pytest.fail(
+            "redis-server is not on PATH; install it (Debian: apt-get install -y "
+            "redis-server) or run the tests through .ci/run"
+        )
     port = free_port()
     workdir = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-         "no", "--dir", str(workdir), "--databases", "64"],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--databases",
+            "64",
+        ],
         stdout=subprocess.DEVNULL,
     )
     client = redis.Redis(port=port)
@@ -97,8 +112,11 @@ class Fleet:
     def start(self, name: str, *args: str) -> None:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives with the node
         self.nodes[name] = subprocess.Popen(
-            [*ACTFLEET, "worker", "--name", name, *args], env=self.env, stdout=log,
-            stderr=subprocess.STDOUT, cwd=self.workdir,
+            [*ACTFLEET, "worker", "--name", name, *args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
         )
         wait_for(lambda: self._ready(name), 60, f"node {name} to come up")
 
@@ -144,11 +162,20 @@ def fleet_factory(tmp_path: Path) -> Iterator:
         fleet.stop()
 
 
-def cli(redis_url: str, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
-        input: str | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    redis_url: str,
+    *args: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run the `actfleet` CLI as a user would."""
     return subprocess.run(
-        [*ACTFLEET, *args], capture_output=True, text=True, timeout=timeout, input=input,
+        [*ACTFLEET, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=input,
         env={**os.environ, "ACTFLEET_REDIS_URL": redis_url, "COLUMNS": "120", **(env or {})},
     )
 

@@ -17,8 +17,16 @@ KEYS = Keys()
 
 
 def test_event_round_trips_through_msgpack_with_its_stream_id_and_seq():
-    event = ev.CodeExecutionOutput(session_id="s", turn_id="t", corr_id="c", text="hi",
-                                   images=["abc"], truncated=True, node="n1", ts=1.5)
+    event = ev.CodeExecutionOutput(
+        session_id="s",
+        turn_id="t",
+        corr_id="c",
+        text="hi",
+        images=["abc"],
+        truncated=True,
+        node="n1",
+        ts=1.5,
+    )
     back = ev.decode(ev.encode(event), seq=7, stream_id="1-0")
     assert back == dataclasses.replace(event, seq=7, id="1-0")
 
@@ -58,8 +66,9 @@ def test_reading_after_a_cursor_misses_nothing_and_repeats_nothing(redis_url: st
 
     async def main() -> None:
         conn = aioredis.Redis.from_url(redis_url)
-        await emit(conn, KEYS, 10_000, [ev.Response(session_id="s", content=str(i))
-                                         for i in range(1200)])
+        await emit(
+            conn, KEYS, 10_000, [ev.Response(session_id="s", content=str(i)) for i in range(1200)]
+        )
         await conn.aclose()
 
     asyncio.run(main())
@@ -73,21 +82,41 @@ def test_a_turn_submitted_while_another_runs_starts_when_it_ends(redis_url: str)
     r = redis.Redis.from_url(redis_url)
     for turn in ("t1", "t2"):
         started = ev.TurnStarted(session_id="s", turn_id=turn, prompt=turn, model="m")
-        state = submit_turn(r, KEYS, 1000, turn_id=turn, started=started, now=1.0,
-                            fields={"prompt": turn})
+        state = submit_turn(
+            r, KEYS, 1000, turn_id=turn, started=started, now=1.0, fields={"prompt": turn}
+        )
         assert state == ("started" if turn == "t1" else "queued")
 
     async def main() -> tuple[bool, str]:
         conn = aioredis.Redis.from_url(redis_url)
         assert await claim_step(conn, KEYS, "t1:1:model", "n", "boot") == ("ok", "")
         done = ev.TurnFinished(session_id="s", turn_id="t1")
-        result = await commit_step(conn, KEYS, 1000, sid="t1:1:model", session_id="s",
-                                   agent_id="main", turn_id="t1", history=[b"{}"],
-                                   events=[done], turn_fields={"status": "finished"},
-                                   terminal=True)
-        again = await commit_step(conn, KEYS, 1000, sid="t1:1:model", session_id="s",
-                                  agent_id="main", turn_id="t1", history=[b"{}"],
-                                  events=[done], turn_fields={}, terminal=True)
+        result = await commit_step(
+            conn,
+            KEYS,
+            1000,
+            sid="t1:1:model",
+            session_id="s",
+            agent_id="main",
+            turn_id="t1",
+            history=[b"{}"],
+            events=[done],
+            turn_fields={"status": "finished"},
+            terminal=True,
+        )
+        again = await commit_step(
+            conn,
+            KEYS,
+            1000,
+            sid="t1:1:model",
+            session_id="s",
+            agent_id="main",
+            turn_id="t1",
+            history=[b"{}"],
+            events=[done],
+            turn_fields={},
+            terminal=True,
+        )
         assert again == (False, "")
         await conn.aclose()
         return result

@@ -16,7 +16,9 @@ from tests.openai_stub import CodeCall, OpenAIStub, Text
 @pytest.fixture(scope="module")
 def stub():
     """A local server speaking OpenAI's streaming chat-completions protocol."""
-    with OpenAIStub([CodeCall("answer = 6 * 7\nprint(answer)"), Text("The answer is 42.")]) as server:
+    with OpenAIStub(
+        [CodeCall("answer = 6 * 7\nprint(answer)"), Text("The answer is 42.")]
+    ) as server:
         yield server
 
 
@@ -26,8 +28,11 @@ def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory, stub: Ope
     from tests.conftest import Fleet
 
     url = f"{redis_server}/0"
-    fleet = Fleet(url, tmp_path_factory.mktemp("fleet"),
-                  {"OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "dummy-key"})
+    fleet = Fleet(
+        url,
+        tmp_path_factory.mktemp("fleet"),
+        {"OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "dummy-key"},
+    )
     try:
         fleet.start("n1")
         fleet.start("n2")
@@ -41,9 +46,11 @@ def events_json(stdout: str) -> list[dict]:
 
 
 def test_turn_runs_code_and_answers(fleet, tmp_path: Path):
-    replay = write_replay(tmp_path / "r.jsonl",
-                          {"thinking": "compute", "code": "x = 21 * 2\nprint(x)"},
-                          {"text": "It is 42."})
+    replay = write_replay(
+        tmp_path / "r.jsonl",
+        {"thinking": "compute", "code": "x = 21 * 2\nprint(x)"},
+        {"text": "It is 42."},
+    )
     proc = cli(fleet.redis_url, "run", "compute", "--model", f"replay:{replay}", "--json")
     assert proc.returncode == 0, proc.stderr
     events = events_json(proc.stdout)
@@ -53,8 +60,18 @@ def test_turn_runs_code_and_answers(fleet, tmp_path: Path):
     output = next(e for e in events if e["type"] == "CodeExecutionOutput")
     assert output["text"].strip() == "42" and output["truncated"] is False
     assert events[-1]["reason"] == "completed" and events[-1]["response"] == "It is 42."
-    common = {"type", "session_id", "agent_id", "turn_id", "corr_id", "parent_corr_id", "seq",
-              "ts", "node", "id"}
+    common = {
+        "type",
+        "session_id",
+        "agent_id",
+        "turn_id",
+        "corr_id",
+        "parent_corr_id",
+        "seq",
+        "ts",
+        "node",
+        "id",
+    }
     assert all(common <= e.keys() for e in events)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert {e["node"] for e in events if e["type"] == "CodeExecutionOutput"} <= {"n1", "n2"}
@@ -62,16 +79,26 @@ def test_turn_runs_code_and_answers(fleet, tmp_path: Path):
 
 
 def test_second_turn_of_a_session_sees_the_first_turns_variables(fleet, tmp_path: Path):
-    replay = write_replay(tmp_path / "r.jsonl",
-                          {"code": "secret = 'kept across turns'"},
-                          {"text": "stored"},
-                          {"code": "print(secret)"},
-                          {"text": "done"})
+    replay = write_replay(
+        tmp_path / "r.jsonl",
+        {"code": "secret = 'kept across turns'"},
+        {"text": "stored"},
+        {"code": "print(secret)"},
+        {"text": "done"},
+    )
     first = cli(fleet.redis_url, "submit", "store it", "--model", f"replay:{replay}")
     assert first.returncode == 0, first.stderr
     session = first.stdout.strip()
-    second = cli(fleet.redis_url, "run", "print it", "--model", f"replay:{replay}",
-                 "--session", session, "--json")
+    second = cli(
+        fleet.redis_url,
+        "run",
+        "print it",
+        "--model",
+        f"replay:{replay}",
+        "--session",
+        session,
+        "--json",
+    )
     assert second.returncode == 0, second.stderr
     outputs = [e for e in events_json(second.stdout) if e["type"] == "CodeExecutionOutput"]
     assert outputs[-1]["text"].strip() == "kept across turns"
@@ -84,15 +111,17 @@ def test_watch_after_an_id_prints_exactly_the_later_events(fleet, tmp_path: Path
     events = events_json(run.stdout)
     session = events[0]["session_id"]
     cut = len(events) // 2
-    watch = cli(fleet.redis_url, "watch", session, "--after", events[cut]["id"], "--no-follow",
-                "--json")
+    watch = cli(
+        fleet.redis_url, "watch", session, "--after", events[cut]["id"], "--no-follow", "--json"
+    )
     assert watch.returncode == 0, watch.stderr
-    assert events_json(watch.stdout) == events[cut + 1:]
+    assert events_json(watch.stdout) == events[cut + 1 :]
 
 
 def test_openai_chat_model_through_a_local_server_runs_code_and_answers(fleet, stub):
-    proc = cli(fleet.redis_url, "run", "what is 6 times 7?", "--model", "openai-chat:stub-model",
-               "--json")
+    proc = cli(
+        fleet.redis_url, "run", "what is 6 times 7?", "--model", "openai-chat:stub-model", "--json"
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     events = events_json(proc.stdout)
     output = next(e for e in events if e["type"] == "CodeExecutionOutput")
@@ -127,9 +156,11 @@ def test_killed_node_mid_cell_turn_finishes_elsewhere_and_reports_interruption(
     fleet = fleet_factory(redis_url)
     fleet.start("a")
     fleet.start("b")
-    replay = write_replay(tmp_path / "r.jsonl",
-                          {"code": "import time\nprint('sleeping', flush=True)\ntime.sleep(60)"},
-                          {"text": "recovered"})
+    replay = write_replay(
+        tmp_path / "r.jsonl",
+        {"code": "import time\nprint('sleeping', flush=True)\ntime.sleep(60)"},
+        {"text": "recovered"},
+    )
     client = Client(redis_url)
     handle = client.submit("sleep", model=f"replay:{replay}")
     chunk = None
@@ -151,8 +182,13 @@ def test_killed_node_mid_cell_turn_finishes_elsewhere_and_reports_interruption(
 
 
 def test_second_prompt_waits_for_the_running_turn(fleet, tmp_path: Path):
-    replay = write_replay(tmp_path / "r.jsonl", {"code": "n = 1"}, {"text": "first"},
-                          {"code": "print(n + 1)"}, {"text": "second"})
+    replay = write_replay(
+        tmp_path / "r.jsonl",
+        {"code": "n = 1"},
+        {"text": "first"},
+        {"code": "print(n + 1)"},
+        {"text": "second"},
+    )
     client = Client(fleet.redis_url)
     first = client.submit("one", model=f"replay:{replay}")
     second = client.submit("two", model=f"replay:{replay}", session_id=first.session_id)
@@ -193,8 +229,8 @@ def test_malformed_replay_file_is_refused_naming_file_and_line(redis_url, tmp_pa
 
 
 def test_run_timeout_exits_2(fleet, tmp_path: Path):
-    replay = write_replay(tmp_path / "r.jsonl", {"code": "import time; time.sleep(5)"},
-                          {"text": "late"})
+    replay = write_replay(
+        tmp_path / "r.jsonl", {"code": "import time; time.sleep(5)"}, {"text": "late"}
+    )
     proc = cli(fleet.redis_url, "run", "slow", "--model", f"replay:{replay}", "--timeout", "1")
     assert proc.returncode == 2 and "did not end within" in proc.stderr
-

@@ -32,9 +32,7 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def send_step(
-    app: Celery, kind: str, args: list[object], queue: str = SHARED_QUEUE
-) -> None:
+def send_step(app: Celery, kind: str, args: list[object], queue: str = SHARED_QUEUE) -> None:
     """Enqueue a step task (`MODEL_STEP` or `EXECUTION_STEP`) on a queue."""
     app.send_task(kind, args=args, queue=queue, routing_key=queue)
 

@@ -127,7 +127,12 @@ def _entries_to_events(entries: list[Any]) -> list[Event]:
 
 
 def read_events(
-    redis: Any, keys: Keys, session_id: str, after: str | None = None, *, follow: bool = True,
+    redis: Any,
+    keys: Keys,
+    session_id: str,
+    after: str | None = None,
+    *,
+    follow: bool = True,
     block_ms: int = 1000,
 ) -> Iterator[Event]:
     """The session's events after cursor `after` ("0" or None: from the start); with
@@ -148,7 +153,12 @@ def read_events(
 
 
 async def aread_events(
-    redis: Any, keys: Keys, session_id: str, after: str | None = None, *, follow: bool = True,
+    redis: Any,
+    keys: Keys,
+    session_id: str,
+    after: str | None = None,
+    *,
+    follow: bool = True,
     block_ms: int = 1000,
 ) -> AsyncIterator[Event]:
     """`read_events` for asyncio clients (redis.asyncio)."""

@@ -19,13 +19,26 @@ app = typer.Typer(
 EXIT_INPUT = 3
 """Exit code for bad input or configuration (the error says what to do)."""
 
-Model = Annotated[str, typer.Option("--model", "-m", help="pydantic-ai model string, e.g. "
-                                    "openai-chat:gpt-4o-mini, or replay:<file.jsonl>.")]
-Session = Annotated[str | None, typer.Option("--session", "-s",
-                                             help="Continue this session (default: a new one).")]
+Model = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="pydantic-ai model string, e.g. openai-chat:gpt-4o-mini, or replay:<file.jsonl>.",
+    ),
+]
+Session = Annotated[
+    str | None, typer.Option("--session", "-s", help="Continue this session (default: a new one).")
+]
 Json = Annotated[bool, typer.Option("--json", help="One JSON object per line per event.")]
-RedisUrl = Annotated[str | None, typer.Option("--redis-url", envvar="ACTFLEET_REDIS_URL",
-                                              help="Redis URL (default redis://127.0.0.1:6379/0).")]
+RedisUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--redis-url",
+        envvar="ACTFLEET_REDIS_URL",
+        help="Redis URL (default redis://127.0.0.1:6379/0).",
+    ),
+]
 
 
 def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
@@ -45,8 +58,9 @@ def run(
     model: Model,
     session: Session = None,
     json_out: Json = False,
-    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds "
-                                                  "(exit 2).")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Give up after this many seconds (exit 2).")
+    ] = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Submit a turn and stream the session's events until it ends.
@@ -77,8 +91,11 @@ def run(
             if is_terminal_for(event, handle.turn_id):
                 raise typer.Exit(0 if isinstance(event, TurnFinished) else 1)
     except _Timeout:
-        raise _fail(f"turn {handle.turn_id} did not end within {timeout} s; it goes on: "
-                    f"actfleet watch {handle.session_id}", code=2) from None
+        raise _fail(
+            f"turn {handle.turn_id} did not end within {timeout} s; it goes on: "
+            f"actfleet watch {handle.session_id}",
+            code=2,
+        ) from None
 
 
 class _Timeout(Exception):
@@ -109,11 +126,14 @@ def submit(
 @app.command()
 def watch(
     session: Annotated[str, typer.Argument(help="The session to follow.")],
-    after: Annotated[str | None, typer.Option(help="Stream id of the last event seen: show "
-                                              "only events after it.")] = None,
+    after: Annotated[
+        str | None,
+        typer.Option(help="Stream id of the last event seen: show only events after it."),
+    ] = None,
     json_out: Json = False,
-    no_follow: Annotated[bool, typer.Option("--no-follow", help="Print what is there and "
-                                            "exit.")] = False,
+    no_follow: Annotated[
+        bool, typer.Option("--no-follow", help="Print what is there and exit.")
+    ] = False,
     redis_url: RedisUrl = None,
 ) -> None:
     """Show a session's events, from the start or after an event id; follows new ones."""
@@ -144,4 +164,3 @@ def demo(
     from actfleet.client.demo import run_demo
 
     raise typer.Exit(run_demo(redis_url))
-

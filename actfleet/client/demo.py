@@ -70,9 +70,11 @@ def _redis(url: str, console: Console, stack: ExitStack) -> str | None:
         pass
     binary = shutil.which("redis-server")
     if binary is None:
-        console.print(f"[red]error:[/] no Redis answers at {url} and redis-server is not on "
-                      "PATH; install it (Debian: apt-get install -y redis-server) or set "
-                      "ACTFLEET_REDIS_URL")
+        console.print(
+            f"[red]error:[/] no Redis answers at {url} and redis-server is not on "
+            "PATH; install it (Debian: apt-get install -y redis-server) or set "
+            "ACTFLEET_REDIS_URL"
+        )
         return None
     return stack.enter_context(_private_redis(binary, console))
 
@@ -84,8 +86,19 @@ def _private_redis(binary: str, console: Console) -> Iterator[str]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="actfleet-redis-") as d:
         proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", d],
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                d,
+            ],
             stdout=subprocess.DEVNULL,
         )
         url = f"redis://127.0.0.1:{port}/0"
@@ -107,8 +120,12 @@ def _answers(url: str) -> bool:
 
 @contextmanager
 def _nodes(url: str, workdir: Path, console: Console) -> Iterator[None]:
-    env = {**os.environ, "ACTFLEET_REDIS_URL": url, "ACTFLEET_WORKDIR": str(workdir),
-           "ACTFLEET_WARM_KERNELS": "2"}
+    env = {
+        **os.environ,
+        "ACTFLEET_REDIS_URL": url,
+        "ACTFLEET_WORKDIR": str(workdir),
+        "ACTFLEET_WARM_KERNELS": "2",
+    }
     procs = {}
     r = redis.Redis.from_url(url)
     prefix = Settings.from_env().key_prefix
@@ -116,12 +133,25 @@ def _nodes(url: str, workdir: Path, console: Console) -> Iterator[None]:
         for name in NODES:
             log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the node
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "actfleet", "worker", "--name", name, "--concurrency",
-                 "4", "--kernels", "4"],
-                env=env, stdout=log, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "actfleet",
+                    "worker",
+                    "--name",
+                    name,
+                    "--concurrency",
+                    "4",
+                    "--kernels",
+                    "4",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         with console.status("starting two worker nodes..."):
             for name, proc in procs.items():
+
                 def up(name: str = name, proc: subprocess.Popen[bytes] = proc) -> bool:
                     if proc.poll() is not None:
                         log = (workdir / f"{name}.log").read_text(errors="replace")
@@ -196,10 +226,18 @@ def _summary(examples: list[Example], console: Console) -> int:
     for e in examples:
         ok = all(isinstance(r, ev.TurnFinished) for r in e.results)
         failures += not ok
-        table.add_row(e.title, e.session_id, str(len(e.results)), str(e.cells),
-                      ", ".join(sorted(e.nodes)), f"{e.elapsed:.1f}",
-                      "[green]finished[/]" if ok else "[red]failed[/]")
+        table.add_row(
+            e.title,
+            e.session_id,
+            str(len(e.results)),
+            str(e.cells),
+            ", ".join(sorted(e.nodes)),
+            f"{e.elapsed:.1f}",
+            "[green]finished[/]" if ok else "[red]failed[/]",
+        )
     console.print(table)
-    console.print("Follow any session again with [bold]actfleet watch SESSION --no-follow[/] "
-                  "(while the demo's Redis runs).")
+    console.print(
+        "Follow any session again with [bold]actfleet watch SESSION --no-follow[/] "
+        "(while the demo's Redis runs)."
+    )
     return 1 if failures else 0

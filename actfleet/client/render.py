@@ -53,8 +53,14 @@ class Renderer:
             case ev.Response():
                 c.print(Markdown(event.content))
             case ev.CodeAction():
-                c.print(Panel(Syntax(event.code, "python", theme="ansi_dark", word_wrap=True),
-                              title=f"{who}code", title_align="left", border_style="blue"))
+                c.print(
+                    Panel(
+                        Syntax(event.code, "python", theme="ansi_dark", word_wrap=True),
+                        title=f"{who}code",
+                        title_align="left",
+                        border_style="blue",
+                    )
+                )
             case ev.ToolCall():
                 c.print(f"{who}tool call [bold]{event.tool_name}[/] {json.dumps(event.args)}")
             case ev.CodeExecutionOutput():
@@ -71,9 +77,14 @@ class Renderer:
                 pass
             case ev.TurnFinished():
                 u = event.usage
-                c.print(Text(f"{who}✓ turn finished ({event.reason}) · "
-                             f"{u.get('input_tokens', 0)} in / {u.get('output_tokens', 0)} out "
-                             f"tokens · {u.get('requests', 0)} requests", style="green"))
+                c.print(
+                    Text(
+                        f"{who}✓ turn finished ({event.reason}) · "
+                        f"{u.get('input_tokens', 0)} in / {u.get('output_tokens', 0)} out "
+                        f"tokens · {u.get('requests', 0)} requests",
+                        style="green",
+                    )
+                )
             case ev.TurnFailed():
                 c.print(Text(f"{who}✗ turn failed: {event.error}", style="bold red"))
             case ev.Cancelled():

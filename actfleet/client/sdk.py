@@ -93,14 +93,32 @@ class Client:
         session_id = session_id or f"s-{uuid.uuid4().hex[:12]}"
         turn_id = f"t-{uuid.uuid4().hex[:12]}"
         now = time.time()
-        started = TurnStarted(session_id=session_id, turn_id=turn_id, corr_id=turn_id,
-                              prompt=prompt, model=model, ts=now)
+        started = TurnStarted(
+            session_id=session_id,
+            turn_id=turn_id,
+            corr_id=turn_id,
+            prompt=prompt,
+            model=model,
+            ts=now,
+        )
         fields = {
-            "session_id": session_id, "agent_id": "main", "prompt": prompt, "model": model,
-            "replay": replay, "options": json.dumps(options), "created_at": now,
+            "session_id": session_id,
+            "agent_id": "main",
+            "prompt": prompt,
+            "model": model,
+            "replay": replay,
+            "options": json.dumps(options),
+            "created_at": now,
         }
-        state = submit_turn(self.redis, self.keys, self.settings.stream_maxlen,
-                            turn_id=turn_id, started=started, now=now, fields=fields)
+        state = submit_turn(
+            self.redis,
+            self.keys,
+            self.settings.stream_maxlen,
+            turn_id=turn_id,
+            started=started,
+            now=now,
+            fields=fields,
+        )
         if state == "started":
             self._send_first_step(session_id, "main", turn_id)
         return Handle(session_id, turn_id)
@@ -144,8 +162,11 @@ class Client:
         if raw.get("status") not in ("finished", "failed", "cancelled"):
             return None
         return TurnResult(
-            session_id=raw["session_id"], turn_id=turn_id, status=raw["status"],
-            response=raw.get("response", ""), reason=raw.get("reason", ""),
+            session_id=raw["session_id"],
+            turn_id=turn_id,
+            status=raw["status"],
+            response=raw.get("response", ""),
+            reason=raw.get("reason", ""),
             error=raw.get("error", ""),
             usage={k: int(raw.get(k, 0)) for k in ("input_tokens", "output_tokens", "requests")},
         )

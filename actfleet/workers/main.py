@@ -19,7 +19,10 @@ def run_worker(name: str, concurrency: int, kernels: int, loglevel: str = "INFO"
     register(node.celery, node)
     node.start()
     logging.getLogger("actfleet.node").info(
-        "node %s up: %d task slots, %d kernels at most, redis %s", name, concurrency, kernels,
+        "node %s up: %d task slots, %d kernels at most, redis %s",
+        name,
+        concurrency,
+        kernels,
         settings.redis_url.split("@")[-1],
     )
     worker = node.celery.Worker(

@@ -129,10 +129,14 @@ class Node:
                 self.keys.turn(turn_id), "status", "step_no", "step_kind"
             )
             if text(status or "") == "running":
-                log.warning("recovering %s/%s turn %s from node %s", session_id, agent_id,
-                            turn_id, dead)
-                self.send(f"actfleet.{text(kind)}_step",
-                          [session_id, agent_id, turn_id, int(step_no)], SHARED_QUEUE)
+                log.warning(
+                    "recovering %s/%s turn %s from node %s", session_id, agent_id, turn_id, dead
+                )
+                self.send(
+                    f"actfleet.{text(kind)}_step",
+                    [session_id, agent_id, turn_id, int(step_no)],
+                    SHARED_QUEUE,
+                )
         await self._requeue(node_queue(dead))
         await self.redis.delete(self.keys.node_agents(dead))
         if not own:

@@ -53,8 +53,13 @@ class Runtimes:
         if key not in self.table and len(self.table) >= self.capacity:
             return None
         verdict, other = await take_lease(
-            node.redis, node.keys, session_id=session_id, agent_id=agent_id,
-            node=node.name, boot=node.boot, ttl=node.settings.lease_ttl,
+            node.redis,
+            node.keys,
+            session_id=session_id,
+            agent_id=agent_id,
+            node=node.name,
+            boot=node.boot,
+            ttl=node.settings.lease_ttl,
         )
         if verdict == "other":
             self.table.pop(key, None)
@@ -74,8 +79,11 @@ class Runtimes:
                 reason = f"{reason}; the agent now runs on node {node.name}"
                 runtime.notice = RESTART_NOTICE.format(reason=reason)
                 restarted = KernelRestarted(
-                    session_id=session_id, agent_id=agent_id, turn_id=text(turn_id or ""),
-                    node=node.name, reason=reason,
+                    session_id=session_id,
+                    agent_id=agent_id,
+                    turn_id=text(turn_id or ""),
+                    node=node.name,
+                    reason=reason,
                 )
                 await emit(node.redis, node.keys, node.settings.stream_maxlen, [restarted])
             self.table[key] = runtime
@@ -96,7 +104,9 @@ class Runtimes:
         model is told when the agent next runs."""
         node = self.node
         self.table.pop((runtime.session_id, runtime.agent_id), None)
-        await node.redis.hset(node.keys.agent(runtime.session_id, runtime.agent_id), "released", why)
+        await node.redis.hset(
+            node.keys.agent(runtime.session_id, runtime.agent_id), "released", why
+        )
         if runtime.kernel is not None:
             await runtime.kernel.shutdown()
         lease = node.keys.lease(runtime.session_id, runtime.agent_id)

@@ -77,7 +77,9 @@ class Turn:
     fields: dict[str, str]
 
     def usage(self) -> dict[str, int]:
-        return {k: int(self.fields.get(k, 0)) for k in ("input_tokens", "output_tokens", "requests")}
+        return {
+            k: int(self.fields.get(k, 0)) for k in ("input_tokens", "output_tokens", "requests")
+        }
 
     def envelope(self, node: str, corr_id: str = "") -> dict[str, Any]:
         return {
@@ -90,8 +92,9 @@ class Turn:
         }
 
 
-async def run_step(node: Node, kind: str, session_id: str, agent_id: str, turn_id: str,
-                   step_no: int) -> None:
+async def run_step(
+    node: Node, kind: str, session_id: str, agent_id: str, turn_id: str, step_no: int
+) -> None:
     """Run one step on this node, or send it where it belongs."""
     args = [session_id, agent_id, turn_id, step_no]
     task = MODEL_STEP if kind == "model" else EXECUTION_STEP
@@ -105,8 +108,7 @@ async def run_step(node: Node, kind: str, session_id: str, agent_id: str, turn_i
         return
     sid = step_id(turn_id, step_no, kind)
     async with runtime.lock:
-        verdict, previous_owner = await claim_step(node.redis, node.keys, sid, node.name,
-                                                   node.boot)
+        verdict, previous_owner = await claim_step(node.redis, node.keys, sid, node.name, node.boot)
         if verdict != "ok":
             return
         turn = Turn(session_id, agent_id, turn_id, {})
@@ -143,8 +145,11 @@ async def _model_step(node: Node, runtime: Runtime, turn: Turn, sid: str, step_n
     corr = f"{turn.turn_id}:{step_no}"
     env = turn.envelope(node.name, corr)
     chunks = _coalescer(node)
-    model = resolve_model(turn.fields["model"], turn.fields.get("replay") or None,
-                          "sub" if turn.agent_id != "main" else "main")
+    model = resolve_model(
+        turn.fields["model"],
+        turn.fields.get("replay") or None,
+        "sub" if turn.agent_id != "main" else "main",
+    )
     response: ModelResponse = await stream_response(
         model,
         history + added,
@@ -181,27 +186,46 @@ async def _model_step(node: Node, runtime: Runtime, turn: Turn, sid: str, step_n
     if calls:
         fields |= {"step_no": step_no + 1, "step_kind": "execution"}
     else:
-        events.append(TurnFinished(**turn.envelope(node.name, turn.turn_id), reason="completed",
-                                   response=answer, usage=totals))
-        fields |= {"status": "finished", "reason": "completed", "response": answer,
-                   "finished_at": time.time()}
+        events.append(
+            TurnFinished(
+                **turn.envelope(node.name, turn.turn_id),
+                reason="completed",
+                response=answer,
+                usage=totals,
+            )
+        )
+        fields |= {
+            "status": "finished",
+            "reason": "completed",
+            "response": answer,
+            "finished_at": time.time(),
+        }
     committed, next_turn = await commit_step(
-        node.redis, node.keys, node.settings.stream_maxlen, sid=sid,
-        session_id=turn.session_id, agent_id=turn.agent_id, turn_id=turn.turn_id,
-        history=[dump_message(m) for m in added], events=events, turn_fields=fields,
+        node.redis,
+        node.keys,
+        node.settings.stream_maxlen,
+        sid=sid,
+        session_id=turn.session_id,
+        agent_id=turn.agent_id,
+        turn_id=turn.turn_id,
+        history=[dump_message(m) for m in added],
+        events=events,
+        turn_fields=fields,
         terminal=not calls,
     )
     if not committed:
         return
     if calls:
-        node.send(EXECUTION_STEP, [turn.session_id, turn.agent_id, turn.turn_id, step_no + 1],
-                  node.queue)
+        node.send(
+            EXECUTION_STEP, [turn.session_id, turn.agent_id, turn.turn_id, step_no + 1], node.queue
+        )
     elif next_turn:
         node.send(MODEL_STEP, [turn.session_id, turn.agent_id, next_turn, 1], node.queue)
 
 
-async def _execution_step(node: Node, runtime: Runtime, turn: Turn, sid: str, step_no: int,
-                          previous_owner: str) -> None:
+async def _execution_step(
+    node: Node, runtime: Runtime, turn: Turn, sid: str, step_no: int, previous_owner: str
+) -> None:
     history = await _history(node, runtime)
     response = history[-1]
     calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
@@ -223,34 +247,53 @@ async def _execution_step(node: Node, runtime: Runtime, turn: Turn, sid: str, st
         if runtime.notice and outcome["status"] != "unknown_tool":
             outcome["text"] = f"{runtime.notice}\n{outcome['text']}"
             runtime.notice = ""
-        returns.append(ToolReturnPart(tool_name=call.tool_name, content=outcome["text"],
-                                      tool_call_id=call.tool_call_id))
+        returns.append(
+            ToolReturnPart(
+                tool_name=call.tool_name, content=outcome["text"], tool_call_id=call.tool_call_id
+            )
+        )
         if call.tool_name == CODE_TOOL:
-            events.append(CodeExecutionOutput(
-                **env, text=outcome["text"], images=outcome.get("images", []),
-                truncated=outcome.get("truncated", False),
-                output_ref=outcome.get("output_ref", ""), status=outcome["status"],
-            ))
+            events.append(
+                CodeExecutionOutput(
+                    **env,
+                    text=outcome["text"],
+                    images=outcome.get("images", []),
+                    truncated=outcome.get("truncated", False),
+                    output_ref=outcome.get("output_ref", ""),
+                    status=outcome["status"],
+                )
+            )
         else:
             events.append(ToolOutput(**env, tool_name=call.tool_name, content=outcome["text"]))
     committed, _ = await commit_step(
-        node.redis, node.keys, node.settings.stream_maxlen, sid=sid,
-        session_id=turn.session_id, agent_id=turn.agent_id, turn_id=turn.turn_id,
-        history=[dump_message(ModelRequest(parts=returns))], events=events,
-        turn_fields={"step_no": step_no + 1, "step_kind": "model"}, terminal=False,
+        node.redis,
+        node.keys,
+        node.settings.stream_maxlen,
+        sid=sid,
+        session_id=turn.session_id,
+        agent_id=turn.agent_id,
+        turn_id=turn.turn_id,
+        history=[dump_message(ModelRequest(parts=returns))],
+        events=events,
+        turn_fields={"step_no": step_no + 1, "step_kind": "model"},
+        terminal=False,
     )
     if committed:
         await node.redis.delete(results_key)
-        node.send(MODEL_STEP, [turn.session_id, turn.agent_id, turn.turn_id, step_no + 1],
-                  node.queue)
+        node.send(
+            MODEL_STEP, [turn.session_id, turn.agent_id, turn.turn_id, step_no + 1], node.queue
+        )
 
 
-async def _run_call(node: Node, runtime: Runtime, call: ToolCallPart,
-                    env: dict[str, Any]) -> dict[str, Any]:
+async def _run_call(
+    node: Node, runtime: Runtime, call: ToolCallPart, env: dict[str, Any]
+) -> dict[str, Any]:
     """Run one tool call; the outcome is plain data so it can be recorded in Redis."""
     if call.tool_name != CODE_TOOL:
-        return {"status": "unknown_tool",
-                "text": f"Unknown tool {call.tool_name!r}; the only tool is {CODE_TOOL}."}
+        return {
+            "status": "unknown_tool",
+            "text": f"Unknown tool {call.tool_name!r}; the only tool is {CODE_TOOL}.",
+        }
     code = call.args_as_dict().get("code")
     if not isinstance(code, str):
         return {"status": "error", "text": f"{CODE_TOOL} needs a string argument 'code'."}
@@ -262,8 +305,11 @@ async def _run_call(node: Node, runtime: Runtime, call: ToolCallPart,
         on_output=lambda t: chunks.add(CodeExecutionOutputChunk(**env, text=t), t),
     )
     await chunks.flush()
-    outcome: dict[str, Any] = {"status": result.status, "text": result.text,
-                               "truncated": result.truncated}
+    outcome: dict[str, Any] = {
+        "status": result.status,
+        "text": result.text,
+        "truncated": result.truncated,
+    }
     ttl = node.settings.output_ttl
     if result.truncated and result.full_text is not None:
         ref = f"{runtime.session_id}:{env['turn_id']}:{runtime.agent_id}:{call.tool_call_id}"
@@ -282,9 +328,15 @@ async def _fail(node: Node, turn: Turn, sid: str, error: str) -> None:
     """End the turn with TurnFailed (the step counts as done)."""
     event = TurnFailed(**turn.envelope(node.name, turn.turn_id), error=error, usage=turn.usage())
     _, next_turn = await commit_step(
-        node.redis, node.keys, node.settings.stream_maxlen, sid=sid,
-        session_id=turn.session_id, agent_id=turn.agent_id, turn_id=turn.turn_id,
-        history=[], events=[event],
+        node.redis,
+        node.keys,
+        node.settings.stream_maxlen,
+        sid=sid,
+        session_id=turn.session_id,
+        agent_id=turn.agent_id,
+        turn_id=turn.turn_id,
+        history=[],
+        events=[event],
         turn_fields={"status": "failed", "error": error, "finished_at": time.time()},
         terminal=True,
     )
@@ -294,6 +346,6 @@ async def _fail(node: Node, turn: Turn, sid: str, error: str) -> None:
 
 def _coalescer(node: Node) -> ChunkCoalescer:
     s = node.settings
-    return ChunkCoalescer(node.redis, node.keys, s.stream_maxlen, s.chunk_flush_ms,
-                          s.chunk_flush_bytes)
-
+    return ChunkCoalescer(
+        node.redis, node.keys, s.stream_maxlen, s.chunk_flush_ms, s.chunk_flush_bytes
+    )
