@@ -51,7 +51,16 @@ def test_turn_runs_code_and_answers(fleet, tmp_path: Path):
         {"thinking": "compute", "code": "x = 21 * 2\nprint(x)"},
         {"text": "It is 42."},
     )
-    proc = cli(fleet.redis_url, "run", "compute", "--model", f"replay:{replay}", "--json")
+    proc = cli(
+        fleet.redis_url,
+        "run",
+        "--approve",
+        "auto",
+        "compute",
+        "--model",
+        f"replay:{replay}",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     events = events_json(proc.stdout)
     types = [e["type"] for e in events]
@@ -86,12 +95,16 @@ def test_second_turn_of_a_session_sees_the_first_turns_variables(fleet, tmp_path
         {"code": "print(secret)"},
         {"text": "done"},
     )
-    first = cli(fleet.redis_url, "submit", "store it", "--model", f"replay:{replay}")
+    first = cli(
+        fleet.redis_url, "submit", "--approve", "auto", "store it", "--model", f"replay:{replay}"
+    )
     assert first.returncode == 0, first.stderr
     session = first.stdout.strip()
     second = cli(
         fleet.redis_url,
         "run",
+        "--approve",
+        "auto",
         "print it",
         "--model",
         f"replay:{replay}",
@@ -106,7 +119,16 @@ def test_second_turn_of_a_session_sees_the_first_turns_variables(fleet, tmp_path
 
 def test_watch_after_an_id_prints_exactly_the_later_events(fleet, tmp_path: Path):
     replay = write_replay(tmp_path / "r.jsonl", {"code": "print('hello')"}, {"text": "bye"})
-    run = cli(fleet.redis_url, "run", "greet", "--model", f"replay:{replay}", "--json")
+    run = cli(
+        fleet.redis_url,
+        "run",
+        "--approve",
+        "auto",
+        "greet",
+        "--model",
+        f"replay:{replay}",
+        "--json",
+    )
     assert run.returncode == 0, run.stderr
     events = events_json(run.stdout)
     session = events[0]["session_id"]
@@ -120,7 +142,14 @@ def test_watch_after_an_id_prints_exactly_the_later_events(fleet, tmp_path: Path
 
 def test_openai_chat_model_through_a_local_server_runs_code_and_answers(fleet, stub):
     proc = cli(
-        fleet.redis_url, "run", "what is 6 times 7?", "--model", "openai-chat:stub-model", "--json"
+        fleet.redis_url,
+        "run",
+        "--approve",
+        "auto",
+        "what is 6 times 7?",
+        "--model",
+        "openai-chat:stub-model",
+        "--json",
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     events = events_json(proc.stdout)
@@ -135,7 +164,7 @@ def test_openai_chat_model_through_a_local_server_runs_code_and_answers(fleet, s
 def test_sdk_submit_and_wait_return_the_result(fleet, tmp_path: Path):
     replay = write_replay(tmp_path / "r.jsonl", {"code": "print(1 + 1)"}, {"text": "two"})
     client = Client(fleet.redis_url)
-    handle = client.submit("add", model=f"replay:{replay}")
+    handle = client.submit("add", model=f"replay:{replay}", approval="auto")
     result = client.wait(handle, timeout=60)
     assert (result.status, result.response, result.usage["requests"]) == ("finished", "two", 2)
     seen = [e.type for e in client.events(handle.session_id, follow=False)]
@@ -144,7 +173,9 @@ def test_sdk_submit_and_wait_return_the_result(fleet, tmp_path: Path):
 
 def test_failed_model_call_ends_the_turn_with_turn_failed(fleet, tmp_path: Path):
     replay = write_replay(tmp_path / "r.jsonl", {"code": "print(1)"})
-    proc = cli(fleet.redis_url, "run", "x", "--model", f"replay:{replay}", "--json")
+    proc = cli(
+        fleet.redis_url, "run", "--approve", "auto", "x", "--model", f"replay:{replay}", "--json"
+    )
     assert proc.returncode == 1
     last = events_json(proc.stdout)[-1]
     assert last["type"] == "TurnFailed" and "replay" in last["error"]
@@ -162,7 +193,7 @@ def test_killed_node_mid_cell_turn_finishes_elsewhere_and_reports_interruption(
         {"text": "recovered"},
     )
     client = Client(redis_url)
-    handle = client.submit("sleep", model=f"replay:{replay}")
+    handle = client.submit("sleep", model=f"replay:{replay}", approval="auto")
     chunk = None
     for event in client.events(handle.session_id):
         if event.type == "CodeExecutionOutputChunk":
@@ -190,8 +221,10 @@ def test_second_prompt_waits_for_the_running_turn(fleet, tmp_path: Path):
         {"text": "second"},
     )
     client = Client(fleet.redis_url)
-    first = client.submit("one", model=f"replay:{replay}")
-    second = client.submit("two", model=f"replay:{replay}", session_id=first.session_id)
+    first = client.submit("one", model=f"replay:{replay}", approval="auto")
+    second = client.submit(
+        "two", model=f"replay:{replay}", session_id=first.session_id, approval="auto"
+    )
     assert client.wait(second, timeout=60).response == "second"
     assert client.result(first.turn_id).response == "first"
 
@@ -232,5 +265,15 @@ def test_run_timeout_exits_2(fleet, tmp_path: Path):
     replay = write_replay(
         tmp_path / "r.jsonl", {"code": "import time; time.sleep(5)"}, {"text": "late"}
     )
-    proc = cli(fleet.redis_url, "run", "slow", "--model", f"replay:{replay}", "--timeout", "1")
+    proc = cli(
+        fleet.redis_url,
+        "run",
+        "--approve",
+        "auto",
+        "slow",
+        "--model",
+        f"replay:{replay}",
+        "--timeout",
+        "1",
+    )
     assert proc.returncode == 2 and "did not end within" in proc.stderr

@@ -74,6 +74,27 @@ class Keys:
         """Claimed by the one node that recovers a dead node's work."""
         return f"{self.prefix}:takeover:{name}"
 
+    def approval(self, request_id: str) -> str:
+        """Hash: an approval request and, once decided, its decision."""
+        return f"{self.prefix}:approval:{request_id}"
+
+    def approvals(self, session_id: str = "") -> str:
+        """Sorted set (by creation time) of pending requests: all, or one session's."""
+        return f"{self.prefix}:approvals:{session_id}" if session_id else f"{self.prefix}:approvals"
+
+    def approvals_expiry(self) -> str:
+        """Sorted set of pending requests by expiry time."""
+        return f"{self.prefix}:approvals:expiry"
+
+    def decided(self) -> str:
+        """Pub/sub channel: the id of each request as it is decided."""
+        return f"{self.prefix}:decided"
+
+    def dispatch(self) -> str:
+        """Sorted set of steps sent but not yet claimed, by when they were (re)sent; nodes
+        send again the ones left too long, so no submission or decision is lost."""
+        return f"{self.prefix}:dispatch"
+
     def output(self, ref: str) -> str:
         """A cell's full output, kept when the preview was truncated."""
         return f"{self.prefix}:output:{ref}"

@@ -34,6 +34,9 @@ class Settings:
     """Fresh kernels a node keeps started and ready."""
     runtime_idle_timeout: float = 1800.0
     """A runtime idle this long is reaped; the model is told its kernel restarted."""
+    redispatch_after: float = 10.0
+    """Seconds a sent step (a submission, a decision) may wait unclaimed before a node sends
+    it again: a client that dies right after writing loses nothing."""
     model_timeout: float = 600.0
     visibility_timeout: int = 3600
     """Celery/Redis visibility timeout; above the longest step."""

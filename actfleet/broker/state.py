@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from actfleet.broker.approvals import OPEN_LUA
 from actfleet.broker.events import Event, encode
 from actfleet.broker.keys import SHARED_QUEUE, Keys, node_queue
 from actfleet.broker.stream import EMIT_LUA, stamp
@@ -16,7 +17,7 @@ from actfleet.broker.stream import EMIT_LUA, stamp
 _SUBMIT = (
     EMIT_LUA
     + """
-redis.call('HSET', KEYS[2], unpack(ARGV, 6))
+redis.call('HSET', KEYS[2], unpack(ARGV, 7))
 redis.call('ZADD', KEYS[6], ARGV[4], ARGV[5])
 redis.call('HSETNX', KEYS[7], 'created_at', ARGV[4])
 local active = redis.call('HGET', KEYS[1], 'active_turn')
@@ -28,6 +29,7 @@ if active and active ~= '' then
 end
 redis.call('HSET', KEYS[1], 'active_turn', ARGV[1])
 redis.call('HSET', KEYS[2], 'status', 'running', 'step_no', 1, 'step_kind', 'model')
+redis.call('ZADD', KEYS[9], ARGV[4], ARGV[5] .. '|' .. ARGV[6] .. '|' .. ARGV[1] .. '|1|model')
 emit(KEYS[4], KEYS[5], ARGV[2], {ARGV[3]}, 1, 1)
 return 'started'
 """
@@ -43,11 +45,13 @@ if st[2] then
   prev = st[2]
 end
 redis.call('HSET', KEYS[1], 'state', 'running', 'owner_node', ARGV[1], 'owner_boot', ARGV[2])
+redis.call('ZREM', KEYS[2], ARGV[4])
 return {'ok', prev}
 """
 
 _COMMIT = (
     EMIT_LUA
+    + OPEN_LUA
     + """
 if redis.call('HGET', KEYS[1], 'state') == 'done' then return {0, ''} end
 redis.call('HSET', KEYS[1], 'state', 'done')
@@ -60,6 +64,9 @@ emit(KEYS[4], KEYS[5], ARGV[2], ARGV, i + 1, i + n)
 i = i + n + 1
 n = tonumber(ARGV[i])
 if n > 0 then redis.call('HSET', KEYS[2], unpack(ARGV, i + 1, i + n)) end
+i = i + n + 1
+n = tonumber(ARGV[i])
+for j = 1, n do open_request(ARGV[1], ARGV[i + j]) end
 i = i + n + 1
 local nxt = ''
 if ARGV[i] == '1' then
@@ -124,7 +131,7 @@ def submit_turn(
     s, a = started.session_id, started.agent_id
     result = redis.eval(
         _SUBMIT,
-        8,
+        9,
         keys.agent(s, a),
         keys.turn(turn_id),
         keys.turn_queue(s, a),
@@ -133,20 +140,27 @@ def submit_turn(
         keys.sessions(),
         keys.session(s),
         keys.turn_started(turn_id),
+        keys.dispatch(),
         turn_id,
         maxlen,
         encode(stamp(started)),
         now,
         s,
+        a,
         *flat,
     )
     return text(result)
 
 
-async def claim_step(redis: Any, keys: Keys, sid: str, node: str, boot: str) -> tuple[str, str]:
-    """Take a step to run. Returns (verdict, previous owner): "ok" (with the name of a dead
-    node that had started it, if any), "done", "busy" (a live node runs it) or "mine"."""
-    verdict, prev = await redis.eval(_CLAIM, 1, keys.step(sid), node, boot, keys.prefix)
+async def claim_step(
+    redis: Any, keys: Keys, sid: str, node: str, boot: str, dispatch: str = ""
+) -> tuple[str, str]:
+    """Take a step to run (and drop its `dispatch` entry). Returns (verdict, previous owner):
+    "ok" (with the name of a dead node that had started it, if any), "done", "busy" (a live
+    node runs it) or "mine"."""
+    verdict, prev = await redis.eval(
+        _CLAIM, 2, keys.step(sid), keys.dispatch(), node, boot, keys.prefix, dispatch
+    )
     return text(verdict), text(prev)
 
 
@@ -163,10 +177,12 @@ async def commit_step(
     events: list[Event],
     turn_fields: dict[str, Any],
     terminal: bool,
+    requests: list[str] = (),  # type: ignore[assignment]
 ) -> tuple[bool, str]:
-    """Record a step done with all its effects, atomically. Returns (committed, next turn
-    id): not committed when it was already done; at a turn's end, the agent's next queued
-    turn (already started) or ""."""
+    """Record a step done with all its effects, atomically: history, events, turn fields,
+    approval requests (JSON records) to open. Returns (committed, next turn id): not
+    committed when it was already done; at a turn's end, the agent's next queued turn
+    (already started) or ""."""
     flat = [x for kv in turn_fields.items() for x in kv]
     blobs = [encode(stamp(e)) for e in events]
     done, nxt = await redis.eval(
@@ -187,6 +203,8 @@ async def commit_step(
         *blobs,
         len(flat),
         *flat,
+        len(requests),
+        *requests,
         "1" if terminal else "0",
     )
     return bool(done), text(nxt)

@@ -1,5 +1,16 @@
 """What users hold: the Python SDK, the CLI and the demo. Never imports the worker code."""
 
+from actfleet.broker.approvals import ApprovalRecord, DecisionRefused
+from actfleet.broker.policy import Policy, PolicyError
 from actfleet.client.sdk import Client, Handle, RedisUnavailable, TurnResult
 
-__all__ = ["Client", "Handle", "RedisUnavailable", "TurnResult"]
+__all__ = [
+    "ApprovalRecord",
+    "Client",
+    "DecisionRefused",
+    "Handle",
+    "Policy",
+    "PolicyError",
+    "RedisUnavailable",
+    "TurnResult",
+]

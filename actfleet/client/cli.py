@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import sys
+import time
 from typing import Annotated
 
 import typer
@@ -31,6 +33,18 @@ Session = Annotated[
     str | None, typer.Option("--session", "-s", help="Continue this session (default: a new one).")
 ]
 Json = Annotated[bool, typer.Option("--json", help="One JSON object per line per event.")]
+Approve = Annotated[
+    str,
+    typer.Option(
+        "--approve",
+        help="Approval policy: auto, ask, or a TOML rules file (deny / ask / allow lists).",
+    ),
+]
+ApprovalTimeout = Annotated[
+    float | None,
+    typer.Option(help="Seconds a request may wait; an expired request counts as rejected."),
+]
+As = Annotated[str | None, typer.Option("--as", help="Approver name (default: OS user).")]
 RedisUrl = Annotated[
     str | None,
     typer.Option(
@@ -61,21 +75,32 @@ def run(
     timeout: Annotated[
         float | None, typer.Option(help="Give up after this many seconds (exit 2).")
     ] = None,
+    approve: Approve = "ask",
+    approval_timeout: ApprovalTimeout = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Submit a turn and stream the session's events until it ends.
+    """Submit a turn and stream the session's events until it ends. With --approve ask in a
+    terminal, requests are decided here (y/n/a/q); otherwise they wait for decisions made
+    elsewhere (actfleet approvals).
 
     Exit 0 when the turn finished, 1 when it failed or was cancelled, 2 on timeout."""
-    from actfleet.broker.events import TurnFinished
+    from actfleet.broker.events import ApprovalRequest, TurnFinished
     from actfleet.client.sdk import RedisUnavailable, is_terminal_for
 
     client = _client(redis_url)
     try:
         client.ping()
         cursor = client.last_event_id(session) if session else "0-0"
-        handle = client.submit(prompt, model=model, session_id=session)
+        handle = client.submit(
+            prompt, model=model, session_id=session, approval=approve, **_timeouts(approval_timeout)
+        )
     except (ValueError, RedisUnavailable) as exc:
         raise _fail(str(exc)) from None
+    walker = None
+    if sys.stdin.isatty() and not json_out:
+        from actfleet.client.approval_prompt import Walker
+
+        walker = Walker(client, Renderer().console)
     if timeout is not None:
         signal.signal(signal.SIGALRM, _on_timeout)
         signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -88,6 +113,10 @@ def run(
                 print(json_line(event), flush=True)
             else:
                 renderer.show(event)
+            if walker is not None and isinstance(event, ApprovalRequest):
+                record = client.request(event.request_id)
+                if record.status == "pending" and not walker.handle(record):
+                    walker = None
             if is_terminal_for(event, handle.turn_id):
                 raise typer.Exit(0 if isinstance(event, TurnFinished) else 1)
     except _Timeout:
@@ -111,13 +140,17 @@ def submit(
     prompt: Annotated[str, typer.Argument(help="What the agent should do.")],
     model: Model,
     session: Session = None,
+    approve: Approve = "ask",
+    approval_timeout: ApprovalTimeout = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Submit a turn and print its session id at once."""
     from actfleet.client.sdk import RedisUnavailable
 
     try:
-        handle = _client(redis_url).submit(prompt, model=model, session_id=session)
+        handle = _client(redis_url).submit(
+            prompt, model=model, session_id=session, approval=approve, **_timeouts(approval_timeout)
+        )
     except (ValueError, RedisUnavailable) as exc:
         raise _fail(str(exc)) from None
     print(handle.session_id)
@@ -153,6 +186,146 @@ def watch(
                 renderer.show(event)
     except KeyboardInterrupt:
         pass
+
+
+def _timeouts(approval_timeout: float | None) -> dict[str, float]:
+    return {} if approval_timeout is None else {"approval_timeout": approval_timeout}
+
+
+@app.command()
+def approvals(
+    session: Annotated[
+        str | None, typer.Option("--session", "-s", help="Only this session.")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per request.")] = False,
+    watch_: Annotated[bool, typer.Option("--watch", help="Keep listing new requests.")] = False,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "--interactive",
+            "-i",
+            help="Decide requests as they arrive: y approve, n reject, a approve matching, q quit.",
+        ),
+    ] = False,
+    approver: As = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """List pending approval requests (code highlighted), or decide them as they arrive."""
+    from actfleet.client.approval_prompt import Walker, show
+    from actfleet.client.sdk import RedisUnavailable
+
+    client = _client(redis_url)
+    try:
+        client.ping()
+    except RedisUnavailable as exc:
+        raise _fail(str(exc)) from None
+    console = Renderer().console
+    walker = Walker(client, console, approver) if interactive else None
+    shown: set[str] = set()
+    try:
+        while True:
+            for record in client.pending(session):
+                if walker is not None:
+                    if not walker.handle(record):
+                        return
+                elif record.id not in shown:
+                    shown.add(record.id)
+                    if json_out:
+                        print(json_line_of(record.to_dict()), flush=True)
+                    else:
+                        show(console, record)
+            if not (watch_ or interactive):
+                if not shown and not json_out:
+                    console.print("[dim]no pending requests[/]")
+                return
+            time.sleep(0.3)
+    except KeyboardInterrupt:
+        pass
+
+
+def json_line_of(data: dict) -> str:
+    import json
+
+    return json.dumps(data, ensure_ascii=False)
+
+
+@app.command()
+def approve(
+    request_id: Annotated[str | None, typer.Argument(help="The request to approve.")] = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Every pending request of --session.")
+    ] = False,
+    session: Annotated[str | None, typer.Option("--session", "-s")] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="With --all: only code, shell, tool or subagent requests.")
+    ] = None,
+    approver: As = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Approve a request (shows what is approved and sends its hash), or --all of a session."""
+    _decide(redis_url, request_id, all_, session, kind, approver, reject_reason=None)
+
+
+@app.command()
+def reject(
+    request_id: Annotated[str, typer.Argument(help="The request to reject.")],
+    reason: Annotated[str, typer.Option(help="Told to the model.")] = "",
+    approver: As = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Reject a request: the turn ends, and the model is told it was rejected, and why."""
+    _decide(redis_url, request_id, False, None, None, approver, reject_reason=reason)
+
+
+def _decide(
+    redis_url: str | None,
+    request_id: str | None,
+    all_: bool,
+    session: str | None,
+    kind: str | None,
+    approver: str | None,
+    reject_reason: str | None,
+) -> None:
+    from actfleet.broker.approvals import DecisionRefused
+    from actfleet.client.approval_prompt import show
+    from actfleet.client.sdk import RedisUnavailable
+
+    client = _client(redis_url)
+    console = Renderer().console
+    try:
+        client.ping()
+        if all_:
+            if not session or request_id:
+                raise _fail("--all needs --session S and no request id")
+            records = [r for r in client.pending(session) if kind in (None, r.kind)]
+        elif request_id:
+            records = [client.request(request_id)]
+        else:
+            raise _fail("name a request id (see actfleet approvals), or use --all --session S")
+        failed = False
+        for record in records:
+            show(console, record)
+            try:
+                if reject_reason is None:
+                    client.approve(record.id, args_sha256=record.args_sha256, approver=approver)
+                    console.print(f"[green]approved {record.id}[/]")
+                else:
+                    client.reject(
+                        record.id,
+                        args_sha256=record.args_sha256,
+                        reason=reject_reason,
+                        approver=approver,
+                    )
+                    console.print(f"[red]rejected {record.id}[/]")
+            except DecisionRefused as exc:
+                typer.secho(f"error: {exc}", fg="red", err=True)
+                failed = True
+        if all_ and not records:
+            console.print("[dim]no pending requests[/]")
+    except (RedisUnavailable, DecisionRefused) as exc:
+        raise _fail(str(exc)) from None
+    if failed:
+        raise typer.Exit(EXIT_INPUT)
 
 
 @app.command()

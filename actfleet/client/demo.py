@@ -197,10 +197,17 @@ def _run_examples(client: Client, workdir: Path, console: Console) -> int:
     # session runs its turns in order, the sessions run in parallel on both nodes.
     for example in examples:
         example.started = time.monotonic()
-        handle = client.submit(example.prompts[0], model=f"replay:{example.replay}")
+        handle = client.submit(
+            example.prompts[0], model=f"replay:{example.replay}", approval="auto"
+        )
         example.session_id = handle.session_id
         for prompt in example.prompts[1:]:
-            client.submit(prompt, model=f"replay:{example.replay}", session_id=handle.session_id)
+            client.submit(
+                prompt,
+                model=f"replay:{example.replay}",
+                session_id=handle.session_id,
+                approval="auto",
+            )
     for example in examples:
         console.rule(f"[bold cyan]{example.title}[/] · session {example.session_id}")
         renderer = Renderer(console)

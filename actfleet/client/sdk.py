@@ -6,6 +6,7 @@ Light on purpose: redis-py and msgpack at import; Celery only when a turn is sen
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import time
 import uuid
@@ -16,15 +17,24 @@ from typing import Any
 
 import redis
 
+from actfleet.broker.approvals import (
+    DECIDE_LUA,
+    ApprovalRecord,
+    DecisionRefused,
+    decide_args,
+    parse_dispatch_member,
+    refusal,
+)
 from actfleet.broker.events import TERMINAL, Event, TurnStarted
 from actfleet.broker.keys import Keys
 from actfleet.broker.model_names import check_model_name
+from actfleet.broker.policy import Policy, load_policy
 from actfleet.broker.replay import load_replay
 from actfleet.broker.settings import Settings
 from actfleet.broker.state import route, submit_turn, text
 from actfleet.broker.stream import aread_events, read_events
 
-AGENT_OPTIONS = {"execution_timeout": float}
+AGENT_OPTIONS = {"execution_timeout": float, "approval_timeout": float}
 """Options a submission may set for its agent, with their types."""
 
 
@@ -78,17 +88,25 @@ class Client:
             ) from None
 
     def submit(
-        self, prompt: str, *, model: str, session_id: str | None = None, **agent_options: Any
+        self,
+        prompt: str,
+        *,
+        model: str,
+        session_id: str | None = None,
+        approval: str | Policy = "ask",
+        **agent_options: Any,
     ) -> Handle:
         """Enqueue one turn of the session's main agent (a new session unless `session_id`).
+        `approval` is `auto`, `ask` (the default), a rules file's path or a `Policy`.
         Everything is checked before anything is written."""
         if not prompt.strip():
             raise ValueError("the prompt is empty; say what the agent should do")
         check_model_name(model)
+        policy = approval if isinstance(approval, Policy) else load_policy(approval)
         replay = ""
         if model.startswith("replay:"):
             replay, _ = load_replay(Path(model.removeprefix("replay:")))
-        options = _check_options(agent_options)
+        options = _check_options(agent_options) | {"approval": policy.to_data()}
         self.ping()
         session_id = session_id or f"s-{uuid.uuid4().hex[:12]}"
         turn_id = f"t-{uuid.uuid4().hex[:12]}"
@@ -120,16 +138,19 @@ class Client:
             fields=fields,
         )
         if state == "started":
-            self._send_first_step(session_id, "main", turn_id)
+            self._send_step(session_id, "main", turn_id, 1, "model")
         return Handle(session_id, turn_id)
 
-    def _send_first_step(self, session_id: str, agent_id: str, turn_id: str) -> None:
-        from actfleet.broker.celery_app import MODEL_STEP, make_celery, send_step
+    def _send_step(
+        self, session_id: str, agent_id: str, turn_id: str, step_no: int, kind: str
+    ) -> None:
+        from actfleet.broker.celery_app import EXECUTION_STEP, MODEL_STEP, make_celery, send_step
 
         if self._celery is None:
             self._celery = make_celery(self.settings)
         queue = route(self.redis.get(self.keys.lease(session_id, agent_id)))
-        send_step(self._celery, MODEL_STEP, [session_id, agent_id, turn_id, 1], queue)
+        task = MODEL_STEP if kind == "model" else EXECUTION_STEP
+        send_step(self._celery, task, [session_id, agent_id, turn_id, step_no], queue)
 
     def events(
         self, session_id: str, after: str | None = None, *, follow: bool = True
@@ -186,6 +207,63 @@ class Client:
             reply = self.redis.xread({self.keys.stream(handle.session_id): cursor}, block=block)
             if reply:
                 cursor = text(reply[0][1][-1][0])
+
+    def pending(self, session_id: str | None = None) -> list[ApprovalRecord]:
+        """Requests waiting for a decision, oldest first (all sessions, or one)."""
+        ids = self.redis.zrange(self.keys.approvals(session_id or ""), 0, -1)
+        records = []
+        for request_id in ids:
+            raw = self.redis.hgetall(self.keys.approval(text(request_id)))
+            if raw:
+                records.append(ApprovalRecord.from_hash(raw))
+        return [r for r in records if r.status == "pending"]
+
+    def request(self, request_id: str) -> ApprovalRecord:
+        """One request, pending or decided; DecisionRefused when there is no such id."""
+        raw = self.redis.hgetall(self.keys.approval(request_id))
+        if not raw:
+            raise refusal("unknown", request_id, "", "")
+        return ApprovalRecord.from_hash(raw)
+
+    def approve(
+        self, request_id: str, *, args_sha256: str, approver: str | None = None
+    ) -> ApprovalRecord:
+        """Approve the request made for exactly these arguments; DecisionRefused otherwise."""
+        return self._decide(request_id, "approved", args_sha256, approver, "")
+
+    def reject(
+        self, request_id: str, *, args_sha256: str, reason: str = "", approver: str | None = None
+    ) -> ApprovalRecord:
+        """Reject the request (the turn ends; the model is told why)."""
+        return self._decide(request_id, "rejected", args_sha256, approver, reason)
+
+    def _decide(
+        self, request_id: str, status: str, sha: str, approver: str | None, reason: str
+    ) -> ApprovalRecord:
+        record = self.request(request_id)
+        who = approver or getpass.getuser()
+        args = decide_args(
+            self.keys,
+            self.settings.stream_maxlen,
+            record,
+            status=status,
+            args_sha=sha,
+            approver=who,
+            reason=reason,
+        )
+        verdict, detail, by = (text(x) for x in self.redis.eval(DECIDE_LUA, 0, *args))
+        if verdict in ("unknown", "hash", "decided"):
+            raise refusal(verdict, request_id, detail, by)
+        if detail == "resume":
+            # The fleet resends this step if we die now (the dispatch set): nothing is lost.
+            session_id, agent_id, turn_id, step_no, kind = parse_dispatch_member(by)
+            self._send_step(session_id, agent_id, turn_id, step_no, kind)
+        decided = self.request(request_id)
+        if verdict == "expired":
+            raise DecisionRefused(
+                f"request {request_id} had expired ({decided.reason}); the turn goes on as rejected"
+            )
+        return decided
 
     def output(self, ref: str) -> str:
         """The full output of a truncated cell (`CodeExecutionOutput.output_ref`)."""

@@ -21,6 +21,7 @@ from actfleet.broker.celery_app import make_celery, send_step
 from actfleet.broker.keys import SHARED_QUEUE, Keys, node_queue
 from actfleet.broker.settings import Settings
 from actfleet.broker.state import lease_holder, text
+from actfleet.workers.approvals import Approvals
 from actfleet.workers.kernel_pool import KernelPool
 from actfleet.workers.runtimes import Runtimes
 
@@ -41,6 +42,7 @@ class Node:
         root = Path(settings.workdir) if settings.workdir else Path(tempfile.gettempdir())
         self.workdir = root / f"actfleet-{name}"
         self.runtimes = Runtimes(self, capacity)
+        self.approvals = Approvals(self)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="actfleet-loop")
         self._heartbeat: asyncio.Task[None] | None = None
@@ -66,6 +68,7 @@ class Node:
         await self._beat()
         self.pool = KernelPool.from_settings(self.settings)
         await self.pool.start()
+        await self.approvals.start()
         self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
 
     def stop(self) -> None:
@@ -79,6 +82,7 @@ class Node:
     async def _stop(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        await self.approvals.close()
         await self.runtimes.close()
         await self._requeue(self.queue)
         await self.pool.close()
@@ -105,6 +109,7 @@ class Node:
                     if name != self.name and not await self.redis.exists(self.keys.node(name)):
                         await self.recover(name)
                 await self.runtimes.reap_idle()
+                await self.approvals.sweep()
             except Exception:
                 log.exception("heartbeat failed; retrying")
 

@@ -50,7 +50,7 @@ class Runtimes:
         """The agent's runtime on this node; or the queue of the live node that holds it;
         or None when this node is full."""
         node, key = self.node, (session_id, agent_id)
-        if key not in self.table and len(self.table) >= self.capacity:
+        if key not in self.table and not await self._make_room():
             return None
         verdict, other = await take_lease(
             node.redis,
@@ -93,8 +93,27 @@ class Runtimes:
     async def kernel(self, runtime: Runtime) -> Kernel:
         """The runtime's kernel, taken from the warm pool on first use."""
         if runtime.kernel is None:
+            await self._make_room(runtime)
             runtime.kernel = await self.node.pool.acquire(runtime.workdir)
         return runtime.kernel
+
+    async def _make_room(self, asking: Runtime | None = None) -> bool:
+        """Whether one more agent fits. A runtime counts while it holds a kernel or runs a
+        step (a parked agent without a kernel costs nothing); when full, the least recently
+        used idle runtime is released."""
+        busy = [
+            r
+            for r in self.table.values()
+            if r is not asking and (r.kernel is not None or r.lock.locked())
+        ]
+        if len(busy) < self.capacity:
+            return True
+        idle = [r for r in busy if not r.lock.locked()]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda r: r.last_used)
+        await self.release(victim, f"it was evicted to make room on node {self.node.name}")
+        return True
 
     def lease_keys(self) -> list[str]:
         return [self.node.keys.lease(s, a) for s, a in self.table]
