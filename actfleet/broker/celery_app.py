@@ -5,11 +5,17 @@ from __future__ import annotations
 
 from celery import Celery
 
-from actfleet.broker.keys import SHARED_QUEUE, node_queue
+from actfleet.broker.keys import Keys
 from actfleet.broker.settings import Settings
 
 MODEL_STEP = "actfleet.model_step"
 EXECUTION_STEP = "actfleet.execution_step"
+COLLECT_STEP = "actfleet.collect_step"
+
+
+def step_task(kind: str) -> str:
+    """The task name of a step kind (model, execution, collect)."""
+    return f"actfleet.{kind}_step"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -22,7 +28,7 @@ def make_celery(settings: Settings) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_default_queue=SHARED_QUEUE,
+        task_default_queue=Keys(settings.key_prefix).shared_queue(),
         broker_transport_options={"visibility_timeout": settings.visibility_timeout},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
@@ -32,9 +38,6 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def send_step(app: Celery, kind: str, args: list[object], queue: str = SHARED_QUEUE) -> None:
+def send_step(app: Celery, kind: str, args: list[object], queue: str) -> None:
     """Enqueue a step task (`MODEL_STEP` or `EXECUTION_STEP`) on a queue."""
     app.send_task(kind, args=args, queue=queue, routing_key=queue)
-
-
-__all__ = ["EXECUTION_STEP", "MODEL_STEP", "make_celery", "node_queue", "send_step"]

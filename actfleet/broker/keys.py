@@ -99,13 +99,41 @@ class Keys:
         """A cell's full output, kept when the preview was truncated."""
         return f"{self.prefix}:output:{ref}"
 
+    def session_agents(self, session_id: str) -> str:
+        """Set of the session's agent ids (main and subagents)."""
+        return f"{self.prefix}:agents:{session_id}"
+
+    def child_queue(self, session_id: str, parent_agent: str) -> str:
+        """Turn ids of a parent's children waiting for a slot, oldest first."""
+        return f"{self.prefix}:childq:{session_id}:{parent_agent}"
+
+    def slots(self, session_id: str, parent_agent: str) -> str:
+        """Sorted set: a parent's running children, scored by their slot lease's expiry."""
+        return f"{self.prefix}:slots:{session_id}:{parent_agent}"
+
+    def fleet_slots(self) -> str:
+        """Sorted set: every running subagent (`session/agent`), scored like `slots`."""
+        return f"{self.prefix}:slots"
+
+    def pumps(self) -> str:
+        """Set of parents with children waiting for a slot (`session|agent|cap`)."""
+        return f"{self.prefix}:pumps"
+
+    def cancel(self, session_id: str) -> str:
+        """When the session was last cancelled: turns created before then are cancelled."""
+        return f"{self.prefix}:cancel:{session_id}"
+
+    def cancels(self) -> str:
+        """Pub/sub channel: the id of each session as it is cancelled."""
+        return f"{self.prefix}:cancels"
+
+    def shared_queue(self) -> str:
+        """The Celery queue every node consumes: new agents, orphaned work."""
+        return f"{self.prefix}.shared"
+
+    def node_queue(self, name: str) -> str:
+        """The Celery queue only the named node consumes (its agents' steps)."""
+        return f"{self.prefix}.node.{name}"
+
     def image(self, ref: str) -> str:
         return f"{self.prefix}:image:{ref}"
-
-
-SHARED_QUEUE = "actfleet.shared"
-
-
-def node_queue(name: str) -> str:
-    """The Celery queue only the named node consumes."""
-    return f"actfleet.node.{name}"

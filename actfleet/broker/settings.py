@@ -37,6 +37,8 @@ class Settings:
     redispatch_after: float = 10.0
     """Seconds a sent step (a submission, a decision) may wait unclaimed before a node sends
     it again: a client that dies right after writing loses nothing."""
+    max_agents: int = 0
+    """Subagents running at once across the fleet (0: no fleet-wide cap)."""
     model_timeout: float = 600.0
     visibility_timeout: int = 3600
     """Celery/Redis visibility timeout; above the longest step."""

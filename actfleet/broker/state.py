@@ -7,11 +7,12 @@ fields and, at a turn's end, starting the agent's next queued turn), taking a le
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from actfleet.broker.approvals import OPEN_LUA
 from actfleet.broker.events import Event, encode
-from actfleet.broker.keys import SHARED_QUEUE, Keys, node_queue
+from actfleet.broker.keys import Keys
 from actfleet.broker.stream import EMIT_LUA, stamp
 
 _SUBMIT = (
@@ -19,6 +20,7 @@ _SUBMIT = (
     + """
 redis.call('HSET', KEYS[2], unpack(ARGV, 7))
 redis.call('ZADD', KEYS[6], ARGV[4], ARGV[5])
+redis.call('SADD', KEYS[10], ARGV[6])
 redis.call('HSETNX', KEYS[7], 'created_at', ARGV[4])
 local active = redis.call('HGET', KEYS[1], 'active_turn')
 if active and active ~= '' then
@@ -53,7 +55,7 @@ _COMMIT = (
     EMIT_LUA
     + OPEN_LUA
     + """
-if redis.call('HGET', KEYS[1], 'state') == 'done' then return {0, ''} end
+if redis.call('HGET', KEYS[1], 'state') == 'done' then return {0, '', ''} end
 redis.call('HSET', KEYS[1], 'state', 'done')
 local i = 3
 local n = tonumber(ARGV[i])
@@ -83,7 +85,29 @@ if ARGV[i] == '1' then
     redis.call('HSET', KEYS[6], 'active_turn', '')
   end
 end
-return {1, nxt}
+local resume = ''
+if ARGV[i] == '1' and ARGV[i + 1] ~= '' then
+  -- A child's turn ended: free its slots, report to the parent's call, add its usage,
+  -- and resume the parent when this was its last child.
+  local c = redis.call('HMGET', KEYS[2], 'parent_turn', 'parent_call', 'parent_results',
+                       'parent_dispatch', 'session_id', 'agent_id', 'input_tokens',
+                       'output_tokens', 'requests', 'parent_agent')
+  redis.call('ZREM', ARGV[1] .. ':slots:' .. c[5] .. ':' .. c[10], c[6])
+  redis.call('ZREM', ARGV[1] .. ':slots', c[5] .. '/' .. c[6])
+  redis.call('HSET', c[3], c[2], ARGV[i + 1])
+  emit(KEYS[4], KEYS[5], ARGV[2], ARGV, i + 2, i + 2)
+  local pt = ARGV[1] .. ':turn:' .. c[1]
+  redis.call('HINCRBY', pt, 'input_tokens', tonumber(c[7] or '0'))
+  redis.call('HINCRBY', pt, 'output_tokens', tonumber(c[8] or '0'))
+  redis.call('HINCRBY', pt, 'requests', tonumber(c[9] or '0'))
+  local left = redis.call('HINCRBY', pt, 'waiting', -1)
+  if left <= 0 and redis.call('HGET', pt, 'status') == 'parked' then
+    redis.call('HSET', pt, 'status', 'running')
+    redis.call('ZADD', ARGV[1] .. ':dispatch', ARGV[i + 3], c[4])
+    resume = c[4]
+  end
+end
+return {1, nxt, resume}
 """
 )
 
@@ -131,7 +155,7 @@ def submit_turn(
     s, a = started.session_id, started.agent_id
     result = redis.eval(
         _SUBMIT,
-        9,
+        10,
         keys.agent(s, a),
         keys.turn(turn_id),
         keys.turn_queue(s, a),
@@ -141,6 +165,7 @@ def submit_turn(
         keys.session(s),
         keys.turn_started(turn_id),
         keys.dispatch(),
+        keys.session_agents(s),
         turn_id,
         maxlen,
         encode(stamp(started)),
@@ -178,14 +203,20 @@ async def commit_step(
     turn_fields: dict[str, Any],
     terminal: bool,
     requests: list[str] = (),  # type: ignore[assignment]
-) -> tuple[bool, str]:
+    child_report: tuple[str, Event] | None = None,
+) -> tuple[bool, str, str]:
     """Record a step done with all its effects, atomically: history, events, turn fields,
-    approval requests (JSON records) to open. Returns (committed, next turn id): not
-    committed when it was already done; at a turn's end, the agent's next queued turn
-    (already started) or ""."""
+    approval requests (JSON records) to open; at a child's end, `child_report` (its outcome
+    for the parent's call, its SubagentFinished event). Returns (committed, next turn id,
+    parent resume): not committed when it was already done; at a turn's end, the agent's
+    next queued turn (already started) or ""; the dispatch member of the parent's step when
+    this child was the last it waited for, or ""."""
     flat = [x for kv in turn_fields.items() for x in kv]
     blobs = [encode(stamp(e)) for e in events]
-    done, nxt = await redis.eval(
+    report: list[Any] = ["", b"", 0]
+    if child_report is not None:
+        report = [child_report[0], encode(stamp(child_report[1])), time.time()]
+    done, nxt, resume = await redis.eval(
         _COMMIT,
         7,
         keys.step(sid),
@@ -206,8 +237,9 @@ async def commit_step(
         len(requests),
         *requests,
         "1" if terminal else "0",
+        *report,
     )
-    return bool(done), text(nxt)
+    return bool(done), text(nxt), text(resume)
 
 
 async def take_lease(
@@ -233,7 +265,7 @@ def lease_holder(value: Any) -> str:
     return text(value).split("|", 1)[0] if value else ""
 
 
-def route(lease_value: Any) -> str:
+def route(keys: Keys, lease_value: Any) -> str:
     """The queue for an agent's next step: its runtime's node, or the shared queue."""
     holder = lease_holder(lease_value)
-    return node_queue(holder) if holder else SHARED_QUEUE
+    return keys.node_queue(holder) if holder else keys.shared_queue()

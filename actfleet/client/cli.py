@@ -45,6 +45,12 @@ ApprovalTimeout = Annotated[
     typer.Option(help="Seconds a request may wait; an expired request counts as rejected."),
 ]
 As = Annotated[str | None, typer.Option("--as", help="Approver name (default: OS user).")]
+MaxSubagents = Annotated[
+    int | None, typer.Option(min=1, help="Subagents a parent runs at once (default 5).")
+]
+MaxTurns = Annotated[
+    int | None, typer.Option(min=1, help="Tool-execution rounds before the turn ends.")
+]
 RedisUrl = Annotated[
     str | None,
     typer.Option(
@@ -77,6 +83,8 @@ def run(
     ] = None,
     approve: Approve = "ask",
     approval_timeout: ApprovalTimeout = None,
+    max_subagents: MaxSubagents = None,
+    max_turns: MaxTurns = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Submit a turn and stream the session's events until it ends. With --approve ask in a
@@ -92,7 +100,11 @@ def run(
         client.ping()
         cursor = client.last_event_id(session) if session else "0-0"
         handle = client.submit(
-            prompt, model=model, session_id=session, approval=approve, **_timeouts(approval_timeout)
+            prompt,
+            model=model,
+            session_id=session,
+            approval=approve,
+            **_options(approval_timeout, max_subagents, max_turns),
         )
     except (ValueError, RedisUnavailable) as exc:
         raise _fail(str(exc)) from None
@@ -142,6 +154,8 @@ def submit(
     session: Session = None,
     approve: Approve = "ask",
     approval_timeout: ApprovalTimeout = None,
+    max_subagents: MaxSubagents = None,
+    max_turns: MaxTurns = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Submit a turn and print its session id at once."""
@@ -149,7 +163,11 @@ def submit(
 
     try:
         handle = _client(redis_url).submit(
-            prompt, model=model, session_id=session, approval=approve, **_timeouts(approval_timeout)
+            prompt,
+            model=model,
+            session_id=session,
+            approval=approve,
+            **_options(approval_timeout, max_subagents, max_turns),
         )
     except (ValueError, RedisUnavailable) as exc:
         raise _fail(str(exc)) from None
@@ -188,8 +206,15 @@ def watch(
         pass
 
 
-def _timeouts(approval_timeout: float | None) -> dict[str, float]:
-    return {} if approval_timeout is None else {"approval_timeout": approval_timeout}
+def _options(
+    approval_timeout: float | None, max_subagents: int | None, max_turns: int | None
+) -> dict[str, float | int]:
+    given = {
+        "approval_timeout": approval_timeout,
+        "max_subagents": max_subagents,
+        "max_turns": max_turns,
+    }
+    return {k: v for k, v in given.items() if v is not None}
 
 
 @app.command()
@@ -326,6 +351,22 @@ def _decide(
         raise _fail(str(exc)) from None
     if failed:
         raise typer.Exit(EXIT_INPUT)
+
+
+@app.command()
+def cancel(
+    session: Annotated[str, typer.Argument(help="The session to cancel.")],
+    redis_url: RedisUrl = None,
+) -> None:
+    """Cancel a session: its model streams stop, its cells are interrupted, its pending
+    approvals are withdrawn and its subagents end, on whatever nodes they run."""
+    from actfleet.client.sdk import RedisUnavailable
+
+    try:
+        _client(redis_url).cancel(session)
+    except RedisUnavailable as exc:
+        raise _fail(str(exc)) from None
+    print(f"cancelling {session}")
 
 
 @app.command()

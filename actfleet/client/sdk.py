@@ -34,7 +34,12 @@ from actfleet.broker.settings import Settings
 from actfleet.broker.state import route, submit_turn, text
 from actfleet.broker.stream import aread_events, read_events
 
-AGENT_OPTIONS = {"execution_timeout": float, "approval_timeout": float}
+AGENT_OPTIONS = {
+    "execution_timeout": float,
+    "approval_timeout": float,
+    "max_turns": int,
+    "max_subagents": int,
+}
 """Options a submission may set for its agent, with their types."""
 
 
@@ -144,13 +149,12 @@ class Client:
     def _send_step(
         self, session_id: str, agent_id: str, turn_id: str, step_no: int, kind: str
     ) -> None:
-        from actfleet.broker.celery_app import EXECUTION_STEP, MODEL_STEP, make_celery, send_step
+        from actfleet.broker.celery_app import make_celery, send_step, step_task
 
         if self._celery is None:
             self._celery = make_celery(self.settings)
-        queue = route(self.redis.get(self.keys.lease(session_id, agent_id)))
-        task = MODEL_STEP if kind == "model" else EXECUTION_STEP
-        send_step(self._celery, task, [session_id, agent_id, turn_id, step_no], queue)
+        queue = route(self.keys, self.redis.get(self.keys.lease(session_id, agent_id)))
+        send_step(self._celery, step_task(kind), [session_id, agent_id, turn_id, step_no], queue)
 
     def events(
         self, session_id: str, after: str | None = None, *, follow: bool = True
@@ -256,14 +260,23 @@ class Client:
             raise refusal(verdict, request_id, detail, by)
         if detail == "resume":
             # The fleet resends this step if we die now (the dispatch set): nothing is lost.
-            session_id, agent_id, turn_id, step_no, kind = parse_dispatch_member(by)
-            self._send_step(session_id, agent_id, turn_id, step_no, kind)
+            self._send_step(*parse_dispatch_member(by))
         decided = self.request(request_id)
         if verdict == "expired":
             raise DecisionRefused(
                 f"request {request_id} had expired ({decided.reason}); the turn goes on as rejected"
             )
         return decided
+
+    def cancel(self, session_id: str) -> None:
+        """Cancel everything the session runs, wherever it runs: model streams stop, cells
+        are interrupted, pending approvals are withdrawn, subagents end. Each agent reports
+        one Cancelled event; the session accepts new turns afterwards."""
+        from actfleet.broker.cancellation import cancel_session
+
+        self.ping()
+        for member in cancel_session(self.redis, self.keys, session_id):
+            self._send_step(*parse_dispatch_member(member))
 
     def output(self, ref: str) -> str:
         """The full output of a truncated cell (`CodeExecutionOutput.output_ref`)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,16 +17,20 @@ from actfleet.broker.approvals import (
     OPEN_REQUEST_LUA,
     ApprovalRecord,
     decide_args,
-    parse_dispatch_member,
+    dispatch_member,
 )
-from actfleet.broker.celery_app import EXECUTION_STEP, MODEL_STEP
 from actfleet.broker.events import ApprovalDecision, ApprovalRequest, encode
 from actfleet.broker.policy import Policy, split_shell
-from actfleet.broker.state import route, text
+from actfleet.broker.state import text
 from actfleet.broker.stream import emit, stamp
+from actfleet.workers.models import CODE_TOOL, SUBAGENT_TOOL
+from actfleet.workers.turn import send_member
 
 if TYPE_CHECKING:
+    from pydantic_ai.messages import ToolCallPart
+
     from actfleet.workers.node import Node
+    from actfleet.workers.turn import Turn
 
 log = logging.getLogger("actfleet.approvals")
 
@@ -70,7 +73,7 @@ class Approvals:
 
     async def start(self) -> None:
         self._pubsub = self.node.redis.pubsub()
-        await self._pubsub.subscribe(self.node.keys.decided())
+        await self._pubsub.subscribe(self.node.keys.decided(), self.node.keys.cancels())
         self._listener = asyncio.ensure_future(self._listen())
 
     async def close(self) -> None:
@@ -82,10 +85,12 @@ class Approvals:
         while True:
             try:
                 async for message in self._pubsub.listen():
-                    if message["type"] == "message":
-                        waker = self._wakers.get(text(message["data"]))
-                        if waker is not None:
-                            waker.set()
+                    if message["type"] != "message":
+                        continue
+                    if text(message["channel"]) == self.node.keys.cancels():
+                        self.node.cancel_running(text(message["data"]))
+                    elif (waker := self._wakers.get(text(message["data"]))) is not None:
+                        waker.set()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -126,6 +131,13 @@ class Approvals:
         finally:
             self._wakers.pop(request_id, None)
 
+    async def withdraw_turn(self, session_id: str, turn_id: str, reason: str) -> None:
+        """Withdraw every pending request of a turn (it is ending)."""
+        for request_id in await self.node.redis.zrange(self.node.keys.approvals(session_id), 0, -1):
+            record = await self.record(text(request_id))
+            if record.turn_id == turn_id and record.status == "pending":
+                await self.close_request(record, "withdrawn", reason)
+
     async def close_request(self, record: ApprovalRecord, status: str, reason: str) -> None:
         """End a pending request without a human: `expired` or `withdrawn`."""
         node = self.node
@@ -161,16 +173,7 @@ class Approvals:
             self._resend(member)
 
     def _resend(self, member: str) -> None:
-        session_id, agent_id, turn_id, step_no, kind = parse_dispatch_member(member)
-        asyncio.ensure_future(self._send(session_id, agent_id, turn_id, step_no, kind))
-
-    async def _send(
-        self, session_id: str, agent_id: str, turn_id: str, step_no: int, kind: str
-    ) -> None:
-        node = self.node
-        queue = route(await node.redis.get(node.keys.lease(session_id, agent_id)))
-        task = MODEL_STEP if kind == "model" else EXECUTION_STEP
-        node.send(task, [session_id, agent_id, turn_id, step_no], queue)
+        asyncio.ensure_future(send_member(self.node, member))
 
 
 @dataclass
@@ -220,18 +223,49 @@ class ShellGate:
         return True
 
 
+def apply_policy(
+    turn: Turn, calls: list[ToolCallPart], exec_step_no: int
+) -> tuple[dict[str, dict[str, str]], list[ApprovalRecord]]:
+    """Each call's verdict under the turn's policy, and the requests to open for those that
+    need a human. A deny anywhere opens none: the turn ends rejected."""
+    policy = policy_of(turn.options)
+    decisions: dict[str, dict[str, str]] = {}
+    requests: list[ApprovalRecord] = []
+    resume = dispatch_member(
+        turn.session_id, turn.agent_id, turn.turn_id, exec_step_no, "execution"
+    )
+    for call in calls:
+        args = call.args_as_dict()
+        kind, subject = action_of(call.tool_name, args, CODE_TOOL)
+        verdict, rule = policy.decide(kind, subject)
+        decisions[call.tool_call_id] = {"verdict": verdict, "rule": rule}
+        if verdict == "ask":
+            record = ApprovalRecord.new(
+                session_id=turn.session_id,
+                agent_id=turn.agent_id,
+                turn_id=turn.turn_id,
+                kind=kind,
+                tool_name=call.tool_name,
+                args=args,
+                timeout=turn.approval_timeout,
+                corr_id=call.tool_call_id,
+                dispatch=resume,
+            )
+            decisions[call.tool_call_id]["request"] = record.id
+            requests.append(record)
+    if any(d["verdict"] == "deny" for d in decisions.values()):
+        return decisions, []
+    return decisions, requests
+
+
 def action_of(tool_name: str, args: dict[str, Any], code_tool: str) -> tuple[str, str]:
     """A call's approval kind and the subject its rules match on."""
     if tool_name == code_tool:
         return "code", str(args.get("code", ""))
-    if tool_name == "subagent_task":
+    if tool_name == SUBAGENT_TOOL:
         return "subagent", str(args.get("prompt", ""))
     return "tool", tool_name
 
 
 def policy_of(options: dict[str, Any]) -> Policy:
     return Policy.from_data(options.get("approval") or {"mode": "ask"})
-
-
-def loads_options(raw: str) -> dict[str, Any]:
-    return json.loads(raw) if raw else {}

@@ -4,32 +4,45 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 
-from actfleet.broker.keys import SHARED_QUEUE, node_queue
-from actfleet.broker.settings import Settings
-from actfleet.workers.node import Node
+import redis
+
+from actfleet.broker.settings import Settings, SettingsError
+from actfleet.workers.node import Node, NodeNameTaken
 from actfleet.workers.tasks import register
 
 
 def run_worker(name: str, concurrency: int, kernels: int, loglevel: str = "INFO") -> int:
-    """Run a node until it is told to stop; returns the exit code."""
+    """Run a node until it is told to stop; returns the exit code (3: bad configuration)."""
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
-    node = Node(name, settings, capacity=kernels)
-    register(node.celery, node)
-    node.start()
+    try:
+        settings = Settings.from_env()
+        node = Node(name, settings, capacity=kernels)
+        register(node.celery, node)
+        node.start()
+    except (SettingsError, NodeNameTaken) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except redis.RedisError as exc:
+        print(
+            f"error: cannot reach Redis at {_safe(settings.redis_url)} ({exc}); start "
+            "redis-server there or point ACTFLEET_REDIS_URL at one",
+            file=sys.stderr,
+        )
+        return 3
     logging.getLogger("actfleet.node").info(
         "node %s up: %d task slots, %d kernels at most, redis %s",
         name,
         concurrency,
         kernels,
-        settings.redis_url.split("@")[-1],
+        _safe(settings.redis_url),
     )
     worker = node.celery.Worker(
         hostname=f"{name}@{socket.gethostname()}",
         pool="threads",
         concurrency=concurrency,
-        queues=[SHARED_QUEUE, node_queue(name)],
+        queues=[node.keys.shared_queue(), node.queue],
         loglevel=loglevel,
         without_mingle=True,
         without_gossip=True,
@@ -40,3 +53,8 @@ def run_worker(name: str, concurrency: int, kernels: int, loglevel: str = "INFO"
     finally:
         node.stop()
     return worker.exitcode or 0
+
+
+def _safe(url: str) -> str:
+    """The URL without its password."""
+    return url.split("@")[-1]

@@ -114,6 +114,36 @@ def resolve_model(
         ) from None
 
 
+SUBAGENT_TOOL = "subagent_task"
+
+
+def subagent_tool_definition() -> ToolDefinition:
+    """`subagent_task(prompt, max_turns=100)`: delegate to a subagent with its own kernel;
+    offered to main agents only (no nesting)."""
+    return ToolDefinition(
+        name=SUBAGENT_TOOL,
+        description=(
+            "Delegate a task to a subagent that runs separately, with its own IPython kernel "
+            "and history (it does not see your variables), and returns its final answer. "
+            "Several subagent_task calls in one response run concurrently. Use it when the "
+            "user asks for subagents or subtasks; give each a complete, self-contained prompt."
+        ),
+        parameters_json_schema={
+            "type": "object",
+            "properties": {
+                "prompt": {"type": "string", "description": "The subagent's whole task."},
+                "max_turns": {
+                    "type": "integer",
+                    "description": "Tool-execution rounds the subagent may take.",
+                    "default": 100,
+                },
+            },
+            "required": ["prompt"],
+            "additionalProperties": False,
+        },
+    )
+
+
 def code_tool_definition() -> ToolDefinition:
     """`execute_ipython_cell(code: str)`, described as ipybox describes it to the model."""
     return ToolDefinition(

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from actfleet.broker.events import KernelRestarted
-from actfleet.broker.keys import node_queue
 from actfleet.broker.state import take_lease, text
 from actfleet.broker.stream import emit
 
@@ -32,6 +31,8 @@ class Runtime:
     agent_id: str
     workdir: Path
     kernel: Kernel | None = None
+    parent_agent: str = ""
+    """For a subagent: its parent (whose slots this runtime renews)."""
     notice: str = ""
     """Told to the model with the next execution result (the kernel restarted)."""
     last_used: float = field(default_factory=time.monotonic)
@@ -63,7 +64,7 @@ class Runtimes:
         )
         if verdict == "other":
             self.table.pop(key, None)
-            return node_queue(other)
+            return node.keys.node_queue(other)
         runtime = self.table.get(key)
         if runtime is None:
             runtime = Runtime(session_id, agent_id, node.workdir / session_id / agent_id)
@@ -71,9 +72,10 @@ class Runtimes:
             agent_key = node.keys.agent(session_id, agent_id)
             async with node.redis.pipeline(transaction=True) as pipe:
                 pipe.hincrby(agent_key, "epoch", 1)
-                pipe.hmget(agent_key, "released", "active_turn")
+                pipe.hmget(agent_key, "released", "active_turn", "parent_agent")
                 pipe.hdel(agent_key, "released")
-                epoch, (released, turn_id), _ = await pipe.execute()
+                epoch, (released, turn_id, parent), _ = await pipe.execute()
+            runtime.parent_agent = text(parent or "")
             if epoch > 1:
                 reason = text(released) if released else "its node died"
                 reason = f"{reason}; the agent now runs on node {node.name}"
