@@ -38,8 +38,10 @@ while redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[4])
                'started_at', now)
     redis.call('HSET', prefix .. ':agent:' .. st[2] .. ':' .. st[3], 'active_turn', t)
     local sk = prefix .. ':turnstart:' .. t
+    local started_event = cmsgpack.unpack(redis.call('GET', sk))
+    started_event['ts'] = now
     emit(prefix .. ':seq:' .. st[2], prefix .. ':stream:' .. st[2], ARGV[2],
-         {redis.call('GET', sk)}, 1, 1)
+         {cmsgpack.pack(started_event)}, 1, 1)
     redis.call('DEL', sk)
     local member = st[2] .. '|' .. st[3] .. '|' .. t .. '|1|model'
     redis.call('ZADD', prefix .. ':dispatch', now, member)
