@@ -87,7 +87,7 @@ def test_a_turn_submitted_while_another_runs_starts_when_it_ends(redis_url: str)
         )
         assert state == ("started" if turn == "t1" else "queued")
 
-    async def main() -> tuple[bool, str]:
+    async def main() -> tuple[bool, str, str]:
         conn = aioredis.Redis.from_url(redis_url)
         assert await claim_step(conn, KEYS, "t1:1:model", "n", "boot") == ("ok", "")
         done = ev.TurnFinished(session_id="s", turn_id="t1")
@@ -117,11 +117,11 @@ def test_a_turn_submitted_while_another_runs_starts_when_it_ends(redis_url: str)
             turn_fields={},
             terminal=True,
         )
-        assert again == (False, "")
+        assert again == (False, "", "")
         await conn.aclose()
         return result
 
-    assert asyncio.run(main()) == (True, "t2")
+    assert asyncio.run(main()) == (True, "t2", "")
     types = [(e.type, e.turn_id) for e in read_events(r, KEYS, "s", follow=False)]
     assert types == [("TurnStarted", "t1"), ("TurnFinished", "t1"), ("TurnStarted", "t2")]
     assert r.llen(KEYS.history("s", "main")) == 1
