@@ -7,7 +7,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from actfleet.broker.events import KernelRestarted
 from actfleet.broker.state import take_lease, text
@@ -35,6 +35,8 @@ class Runtime:
     """For a subagent: its parent (whose slots this runtime renews)."""
     notice: str = ""
     """Told to the model with the next execution result (the kernel restarted)."""
+    history: list[Any] = field(default_factory=list)
+    """The agent's parsed messages, as far as they were read (see `history_of`)."""
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

@@ -189,9 +189,12 @@ async def send_member(node: Node, member: str) -> None:
 
 
 async def history_of(node: Node, runtime: Runtime) -> list[ModelMessage]:
-    """The agent's whole message history."""
-    items = await node.redis.lrange(node.keys.history(runtime.session_id, runtime.agent_id), 0, -1)
-    return [load_message(item) for item in items]
+    """The agent's whole message history. Parsed messages are kept in the runtime and only
+    new ones are read: every step of the agent runs here, under the runtime's lock."""
+    key = node.keys.history(runtime.session_id, runtime.agent_id)
+    new = await node.redis.lrange(key, len(runtime.history), -1)
+    runtime.history.extend(load_message(item) for item in new)
+    return list(runtime.history)
 
 
 def coalescer(node: Node) -> ChunkCoalescer:
