@@ -4,27 +4,20 @@ shared Redis), and real `actfleet worker` processes with real kernels."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
+from actfleet.client.local_redis import RedisServerMissing, private_redis
+
 ROOT = Path(__file__).resolve().parent.parent
 ACTFLEET = [sys.executable, "-m", "actfleet"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):  # noqa: ANN001
@@ -40,46 +33,13 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):  # n
 
 
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def redis_server() -> Iterator[str]:
     """A private redis-server for the whole run; yields its base URL (no db)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail(
-            "redis-server is not on PATH; install it (Debian: apt-get install -y "
-            "redis-server) or run the tests through .ci/run"
-        )
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-            "--databases",
-            "64",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-
-    def answers() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
-
-    wait_for(answers, 10, "redis-server to answer")
-    yield f"redis://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(10)
+    try:
+        with private_redis(databases=64) as url:
+            yield url
+    except RedisServerMissing as exc:
+        pytest.fail(f"{exc}, or run the tests through scripts/test")
 
 
 _next_db = iter(range(1, 64))
@@ -185,7 +145,3 @@ def write_replay(path: Path, *lines: dict) -> Path:
 
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"

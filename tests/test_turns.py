@@ -230,7 +230,7 @@ def test_second_prompt_waits_for_the_running_turn(fleet, tmp_path: Path):
 
 
 def test_unreachable_redis_is_a_one_line_error(tmp_path: Path):
-    from tests.conftest import free_port
+    from actfleet.client.local_redis import free_port
 
     replay = write_replay(tmp_path / "r.jsonl", {"text": "hi"})
     proc = cli(f"redis://127.0.0.1:{free_port()}/0", "run", "x", "--model", f"replay:{replay}")

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +26,7 @@ from rich.table import Table
 
 from actfleet.broker import events as ev
 from actfleet.broker.settings import Settings
+from actfleet.client.local_redis import RedisServerMissing, private_redis
 from actfleet.client.render import Renderer
 from actfleet.client.sdk import Client
 
@@ -43,8 +42,8 @@ class Example:
     nodes: set[str] = field(default_factory=set)
     results: list[ev.Event] = field(default_factory=list)
     cells: int = 0
-    started: float = 0.0
-    elapsed: float = 0.0
+    submitted: float = 0.0
+    """Wall-clock time of the submission; the elapsed time runs to the last terminal event."""
 
 
 def run_demo(redis_url: str | None) -> int:
@@ -68,54 +67,15 @@ def _redis(url: str, console: Console, stack: ExitStack) -> str | None:
         return url
     except redis.RedisError:
         pass
-    binary = shutil.which("redis-server")
-    if binary is None:
+    try:
+        base = stack.enter_context(private_redis())
+    except RedisServerMissing as exc:
         console.print(
-            f"[red]error:[/] no Redis answers at {url} and redis-server is not on "
-            "PATH; install it (Debian: apt-get install -y redis-server) or set "
-            "ACTFLEET_REDIS_URL"
+            f"[red]error:[/] no Redis answers at {url} and {exc}, or set ACTFLEET_REDIS_URL"
         )
         return None
-    return stack.enter_context(_private_redis(binary, console))
-
-
-@contextmanager
-def _private_redis(binary: str, console: Console) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory(prefix="actfleet-redis-") as d:
-        proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                d,
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        url = f"redis://127.0.0.1:{port}/0"
-        try:
-            _until(lambda: _answers(url), 10, "the private redis-server to answer")
-            console.print(f"[dim]started a private redis-server on port {port}[/]")
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url).ping())
-    except redis.RedisError:
-        return False
+    console.print(f"[dim]started a private redis-server at {base}[/]")
+    return f"{base}/0"
 
 
 @contextmanager
@@ -196,7 +156,7 @@ def _run_examples(client: Client, workdir: Path, console: Console) -> int:
     # One batch: every example's first turn and its follow-ups are enqueued at once; a
     # session runs its turns in order, the sessions run in parallel on both nodes.
     for example in examples:
-        example.started = time.monotonic()
+        example.submitted = time.time()
         handle = client.submit(
             example.prompts[0], model=f"replay:{example.replay}", approval="auto"
         )
@@ -217,18 +177,21 @@ def _run_examples(client: Client, workdir: Path, console: Console) -> int:
                 example.nodes.add(event.node)
             if isinstance(event, ev.CodeExecutionOutput):
                 example.cells += 1
-            if isinstance(event, ev.TERMINAL):
+            if isinstance(event, ev.TERMINAL) and event.agent_id == "main":
                 example.results.append(event)
                 if len(example.results) == len(example.prompts):
-                    example.elapsed = time.monotonic() - example.started
                     break
     return _summary(examples, console)
 
 
 def _summary(examples: list[Example], console: Console) -> int:
     table = Table(title="results", title_style="bold")
-    for column in ("example", "session", "turns", "cells", "nodes", "seconds", "status"):
-        table.add_column(column)
+    for column in ("example", "session", "turns", "cells", "nodes", "secs", "status"):
+        table.add_column(
+            column,
+            no_wrap=column == "session",
+            min_width=14 if column == "example" else None,
+        )
     failures = 0
     for e in examples:
         ok = all(isinstance(r, ev.TurnFinished) for r in e.results)
@@ -239,12 +202,12 @@ def _summary(examples: list[Example], console: Console) -> int:
             str(len(e.results)),
             str(e.cells),
             ", ".join(sorted(e.nodes)),
-            f"{e.elapsed:.1f}",
+            f"{e.results[-1].ts - e.submitted:.1f}",
             "[green]finished[/]" if ok else "[red]failed[/]",
         )
     console.print(table)
     console.print(
-        "Follow any session again with [bold]actfleet watch SESSION --no-follow[/] "
-        "(while the demo's Redis runs)."
+        "Every session's events stay in its Redis stream: [bold]actfleet watch "
+        "SESSION --no-follow[/] shows them again (while that Redis runs)."
     )
     return 1 if failures else 0

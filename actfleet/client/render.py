@@ -69,10 +69,32 @@ class Renderer:
                 if event.status != "ok" or event.truncated:
                     note = event.status + (", truncated" if event.truncated else "")
                     c.print(Text(f"[{note}]", style="yellow"))
+            case ev.ToolOutput() if event.tool_name == "subagent_task":
+                pass  # shown by SubagentFinished
             case ev.ToolOutput():
-                c.print(Text(event.content))
+                c.print(Text(f"{event.tool_name} → {event.content}"))
             case ev.KernelRestarted():
                 c.print(Text(f"{who}kernel restarted: {event.reason}", style="yellow"))
+            case ev.SubagentStarted():
+                c.print(Text(f"↳ {event.subagent_id} started: {event.prompt}", style="cyan"))
+            case ev.SubagentFinished():
+                c.print(
+                    Text(f"↳ {event.subagent_id} {event.status}: {event.response}", style="cyan")
+                )
+            case ev.ApprovalRequest():
+                subject = event.args.get("cmd") or event.tool_name
+                c.print(
+                    Text(
+                        f"{who}? approval {event.request_id} ({event.kind}"
+                        + (f": {subject}" if event.kind != "code" else "")
+                        + ") waits for a decision",
+                        style="magenta",
+                    )
+                )
+            case ev.ApprovalDecision():
+                verdict = "approved" if event.approved else "rejected"
+                why = f": {event.reason}" if event.reason else ""
+                c.print(Text(f"{who}{verdict} by {event.approver}{why}", style="magenta"))
             case ev.Usage():
                 pass
             case ev.TurnFinished():

@@ -20,7 +20,7 @@ from actfleet.broker.events import (
     Event,
     ToolOutput,
 )
-from actfleet.broker.state import commit_step, step_id, text
+from actfleet.broker.state import step_id, text
 from actfleet.broker.subagents import spawn
 from actfleet.workers.approvals import ShellGate, action_of, policy_of, refused_event
 from actfleet.workers.models import CODE_TOOL, SUBAGENT_TOOL, dump_message
@@ -28,6 +28,7 @@ from actfleet.workers.turn import (
     DEFAULT_MAX_SUBAGENTS,
     Turn,
     coalescer,
+    commit,
     finish,
     history_of,
     start_children,
@@ -117,32 +118,24 @@ async def execution_step(
             "status": "parked",
             "waiting": children,
         }
-        await commit_step(
-            node.redis,
-            node.keys,
-            node.settings.stream_maxlen,
-            sid=sid,
-            session_id=turn.session_id,
-            agent_id=turn.agent_id,
-            turn_id=turn.turn_id,
+        await commit(
+            node,
+            turn,
+            sid,
             history=[],
             events=events,
-            turn_fields=fields,
+            fields=fields,
             terminal=False,
         )
         await start_children(node, turn.session_id, turn.agent_id, _cap(turn))
         return
-    committed, _, _ = await commit_step(
-        node.redis,
-        node.keys,
-        node.settings.stream_maxlen,
-        sid=sid,
-        session_id=turn.session_id,
-        agent_id=turn.agent_id,
-        turn_id=turn.turn_id,
+    committed, _, _ = await commit(
+        node,
+        turn,
+        sid,
         history=[dump_message(ModelRequest(parts=returns))],
         events=events,
-        turn_fields={"step_no": step_no + 1, "step_kind": "model", "rounds": rounds},
+        fields={"step_no": step_no + 1, "step_kind": "model", "rounds": rounds},
         terminal=False,
     )
     if committed:

@@ -34,7 +34,7 @@ from actfleet.broker.events import (
     ToolCall,
     Usage,
 )
-from actfleet.broker.state import claim_step, commit_step, step_id, text
+from actfleet.broker.state import claim_step, step_id, text
 from actfleet.workers.approvals import apply_policy, request_event
 from actfleet.workers.execution import execution_step, output_event
 from actfleet.workers.models import (
@@ -48,7 +48,7 @@ from actfleet.workers.models import (
     subagent_tool_definition,
     system_prompt,
 )
-from actfleet.workers.turn import Turn, coalescer, finish, history_of
+from actfleet.workers.turn import Turn, coalescer, commit, finish, history_of
 
 if TYPE_CHECKING:
     from actfleet.workers.node import Node
@@ -217,17 +217,13 @@ async def _model_step(node: Node, runtime: Runtime, turn: Turn, sid: str, step_n
     if requests:
         # Parked: no step is sent; the last decision resumes the turn (DECIDE_LUA).
         fields |= {"status": "parked", "waiting": len(requests)}
-    committed, _, _ = await commit_step(
-        node.redis,
-        node.keys,
-        node.settings.stream_maxlen,
-        sid=sid,
-        session_id=turn.session_id,
-        agent_id=turn.agent_id,
-        turn_id=turn.turn_id,
+    committed, _, _ = await commit(
+        node,
+        turn,
+        sid,
         history=history_items,
         events=events,
-        turn_fields=fields,
+        fields=fields,
         terminal=False,
         requests=[r.to_json() for r in requests],
     )
@@ -261,17 +257,13 @@ async def _collect_step(node: Node, runtime: Runtime, turn: Turn, sid: str, step
         )
         if call.tool_name != CODE_TOOL:
             events.append(output_event(call, turn.envelope(node.name, call.tool_call_id), outcome))
-    committed, _, _ = await commit_step(
-        node.redis,
-        node.keys,
-        node.settings.stream_maxlen,
-        sid=sid,
-        session_id=turn.session_id,
-        agent_id=turn.agent_id,
-        turn_id=turn.turn_id,
+    committed, _, _ = await commit(
+        node,
+        turn,
+        sid,
         history=[dump_message(ModelRequest(parts=returns))],
         events=events,
-        turn_fields={"step_no": step_no + 1, "step_kind": "model"},
+        fields={"step_no": step_no + 1, "step_kind": "model"},
         terminal=False,
     )
     if committed:

@@ -120,17 +120,13 @@ async def finish(
             response=said,
         )
         report = (child_outcome(reason or status, said), finished)
-    _, next_turn, resume = await commit_step(
-        node.redis,
-        node.keys,
-        node.settings.stream_maxlen,
-        sid=sid,
-        session_id=turn.session_id,
-        agent_id=turn.agent_id,
-        turn_id=turn.turn_id,
+    _, next_turn, resume = await commit(
+        node,
+        turn,
+        sid,
         history=list(history),
         events=[*events, terminal],
-        turn_fields=fields,
+        fields=fields,
         terminal=True,
         child_report=report,
     )
@@ -145,6 +141,36 @@ async def finish(
             turn.fields["parent_agent"],
             int(turn.fields.get("max_subagents", DEFAULT_MAX_SUBAGENTS)),
         )
+
+
+async def commit(
+    node: Node,
+    turn: Turn,
+    sid: str,
+    *,
+    history: list[bytes],
+    events: list[Event],
+    fields: dict[str, Any],
+    terminal: bool = False,
+    requests: list[str] = (),  # type: ignore[assignment]
+    child_report: tuple[str, Event] | None = None,
+) -> tuple[bool, str, str]:
+    """`commit_step` for this turn's step on this node."""
+    return await commit_step(
+        node.redis,
+        node.keys,
+        node.settings.stream_maxlen,
+        sid=sid,
+        session_id=turn.session_id,
+        agent_id=turn.agent_id,
+        turn_id=turn.turn_id,
+        history=history,
+        events=events,
+        turn_fields=fields,
+        terminal=terminal,
+        requests=requests,
+        child_report=child_report,
+    )
 
 
 async def _close_open_calls(node: Node, turn: Turn, note: str) -> list[bytes]:
