@@ -260,3 +260,88 @@ def test_parked_turn_resumes_on_another_node_after_its_node_died(
     last_output = [e for e in events if isinstance(e, ev.CodeExecutionOutput)][-1]
     assert last_output.node != holder and "kernel was restarted" in last_output.text
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+def test_interactive_walker_approves_and_approves_later_matching_requests(
+    fleet, client: Client, tmp_path: Path
+):
+    import os
+
+    import pexpect
+
+    policy = rules_file(tmp_path, 'ask = ["shell:echo *"]\nallow = ["code"]\n')
+    replay = write_replay(
+        tmp_path / "r.jsonl", {"code": "!echo one\n!echo two\n!echo three"}, {"text": "walked"}
+    )
+    handle = client.submit("walk", model=f"replay:{replay}", approval=policy)
+    walker = pexpect.spawn(
+        sys.executable,
+        [
+            "-m",
+            "actfleet",
+            "approvals",
+            "--interactive",
+            "--session",
+            handle.session_id,
+            "--as",
+            "erin",
+        ],
+        env={
+            **os.environ,
+            "ACTFLEET_REDIS_URL": fleet.redis_url,
+            "COLUMNS": "120",
+            "NO_COLOR": "1",
+        },
+        encoding="utf-8",
+        timeout=30,
+    )
+    walker.expect("echo one")
+    walker.expect("approve\\?")
+    walker.sendline("y")
+    walker.expect("approved")
+    walker.expect("echo two")
+    walker.expect("approve\\?")
+    walker.sendline("a")
+    walker.expect("matching")
+    walker.sendline("")  # accept the suggested pattern, shell:echo *
+    walker.expect("approved .* and later ones matching shell:echo \\*")
+    walker.expect("approved .* matches shell:echo \\*")
+    assert client.wait(handle, timeout=60).response == "walked"
+    walker.sendline("q")
+    walker.close(force=True)
+    decisions = [
+        e
+        for e in client.events(handle.session_id, follow=False)
+        if isinstance(e, ev.ApprovalDecision)
+    ]
+    assert [d.approver for d in decisions] == ["erin"] * 3
+
+
+def test_run_in_a_terminal_asks_inline_and_a_rejection_ends_the_turn(fleet, tmp_path: Path):
+    import os
+
+    import pexpect
+
+    replay = write_replay(tmp_path / "r.jsonl", {"code": "print('never')"}, {"text": "n/a"})
+    run = pexpect.spawn(
+        sys.executable,
+        ["-m", "actfleet", "run", "try it", "--model", f"replay:{replay}"],
+        env={
+            **os.environ,
+            "ACTFLEET_REDIS_URL": fleet.redis_url,
+            "COLUMNS": "120",
+            "NO_COLOR": "1",
+        },
+        encoding="utf-8",
+        timeout=30,
+    )
+    run.expect("print\\('never'\\)")
+    run.expect("approve\\?")
+    run.sendline("n")
+    run.expect("reason")
+    run.sendline("not today")
+    run.expect("rejected by .*: not today")
+    run.expect("turn finished \\(rejected\\)")
+    run.expect(pexpect.EOF)
+    run.close()
+    assert run.exitstatus == 0

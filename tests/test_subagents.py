@@ -242,3 +242,27 @@ def test_storm_of_fifty_subagents_with_kills_and_cancels_leaves_no_slot_held(
     wait_for(lambda: slots_held(redis_url) == 0, 15, "every slot to be freed")
     r = redis.Redis.from_url(redis_url)
     assert all(r.llen(k) == 0 for k in r.scan_iter("actfleet:childq:*"))
+
+
+def test_cancelled_cell_is_interrupted_and_the_kernel_keeps_its_state(fleet, tmp_path: Path):
+    replay = write_replay(
+        tmp_path / "r.jsonl",
+        {"code": "kept = 'still here'\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)"},
+        {"code": "print(kept)"},
+        {"text": "state kept"},
+    )
+    client = Client(fleet.redis_url)
+    handle = client.submit("sleep", model=f"replay:{replay}", approval="auto")
+    next(e for e in client.events(handle.session_id) if isinstance(e, ev.CodeExecutionOutputChunk))
+    client.cancel(handle.session_id)
+    assert client.wait(handle, timeout=30).status == "cancelled"
+    again = client.submit(
+        "print it", model=f"replay:{replay}", approval="auto", session_id=handle.session_id
+    )
+    assert client.wait(again, timeout=60).response == "state kept"
+    outputs = [
+        e
+        for e in client.events(handle.session_id, follow=False)
+        if isinstance(e, ev.CodeExecutionOutput)
+    ]
+    assert outputs[-1].text.strip() == "still here"

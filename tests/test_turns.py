@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,31 @@ def test_run_timeout_exits_2(fleet, tmp_path: Path):
         "1",
     )
     assert proc.returncode == 2 and "did not end within" in proc.stderr
+
+
+def test_sigterm_drains_a_node_its_cell_finishes_and_the_turn_goes_on_elsewhere(
+    redis_url: str, fleet_factory, tmp_path: Path
+):
+    fleet = fleet_factory(redis_url)
+    fleet.start("d1")
+    fleet.start("d2")
+    replay = write_replay(
+        tmp_path / "r.jsonl",
+        {"code": "import time\nprint('working', flush=True)\ntime.sleep(3)\nprint('finished')"},
+        {"code": "print('next cell')"},
+        {"text": "drained"},
+    )
+    client = Client(redis_url)
+    handle = client.submit("drain", model=f"replay:{replay}", approval="auto")
+    chunk = next(
+        e for e in client.events(handle.session_id) if e.type == "CodeExecutionOutputChunk"
+    )
+    fleet.nodes[chunk.node].send_signal(signal.SIGTERM)
+    assert client.wait(handle, timeout=60).response == "drained"
+    assert fleet.nodes[chunk.node].wait(30) == 0
+    outputs = [
+        e for e in client.events(handle.session_id, follow=False) if e.type == "CodeExecutionOutput"
+    ]
+    assert outputs[0].status == "ok" and "finished" in outputs[0].text
+    assert outputs[0].node == chunk.node and outputs[1].node != chunk.node
+    assert "kernel was restarted" in outputs[1].text

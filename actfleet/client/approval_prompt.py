@@ -93,7 +93,7 @@ class Walker:
                 return True
         show(self.console, record)
         answer = Prompt.ask(
-            "approve? [y]es [n]o [a]lways [q]uit",
+            r"approve? \[y]es \[n]o \[a]lways \[q]uit",
             choices=["y", "n", "a", "q"],
             console=self.console,
             show_choices=False,
