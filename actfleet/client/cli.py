@@ -256,7 +256,7 @@ def approvals(
                 elif record.id not in shown:
                     shown.add(record.id)
                     if json_out:
-                        print(json_line_of(record.to_dict()), flush=True)
+                        print(json_line(record.to_dict()), flush=True)
                     else:
                         show(console, record)
             if not (watch_ or interactive):
@@ -266,12 +266,6 @@ def approvals(
             time.sleep(0.3)
     except KeyboardInterrupt:
         pass
-
-
-def json_line_of(data: dict) -> str:
-    import json
-
-    return json.dumps(data, ensure_ascii=False)
 
 
 @app.command()

@@ -15,8 +15,10 @@ from rich.text import Text
 from actfleet.broker import events as ev
 
 
-def json_line(event: ev.Event) -> str:
-    return json.dumps(event.to_dict(), ensure_ascii=False, default=_bytes_as_text)
+def json_line(item: ev.Event | dict[str, Any]) -> str:
+    """One JSON line for an event (with `type` and `id`) or a plain record."""
+    data = item.to_dict() if isinstance(item, ev.Event) else item
+    return json.dumps(data, ensure_ascii=False, default=_bytes_as_text)
 
 
 def _bytes_as_text(value: Any) -> str:

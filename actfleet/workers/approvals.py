@@ -236,7 +236,7 @@ def apply_policy(
     )
     for call in calls:
         args = call.args_as_dict()
-        kind, subject = action_of(call.tool_name, args, CODE_TOOL)
+        kind, subject = action_of(call.tool_name, args)
         verdict, rule = policy.decide(kind, subject)
         decisions[call.tool_call_id] = {"verdict": verdict, "rule": rule}
         if verdict == "ask":
@@ -258,9 +258,9 @@ def apply_policy(
     return decisions, requests
 
 
-def action_of(tool_name: str, args: dict[str, Any], code_tool: str) -> tuple[str, str]:
+def action_of(tool_name: str, args: dict[str, Any]) -> tuple[str, str]:
     """A call's approval kind and the subject its rules match on."""
-    if tool_name == code_tool:
+    if tool_name == CODE_TOOL:
         return "code", str(args.get("code", ""))
     if tool_name == SUBAGENT_TOOL:
         return "subagent", str(args.get("prompt", ""))

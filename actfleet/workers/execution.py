@@ -213,7 +213,7 @@ async def _refusals(
     for call in calls:
         decision = decisions.get(call.tool_call_id, {})
         if decision.get("verdict") == "deny":
-            _, subject = action_of(call.tool_name, call.args_as_dict(), CODE_TOOL)
+            _, subject = action_of(call.tool_name, call.args_as_dict())
             env = turn.envelope(node.name, call.tool_call_id)
             events.append(refused_event(env, subject, decision["rule"]))
             refused[call.tool_call_id] = (
