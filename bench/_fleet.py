@@ -121,17 +121,32 @@ class Fleet:
         client.close()
 
     def wait_warm(self, name: str, kernels: int, timeout: float = 60) -> None:
-        """Wait until the worker has `kernels` warm kernel processes running (its children)."""
+        """Wait until the worker has `kernels` kernel processes (its children) and they are
+        idle: no CPU time used by any of them over 0.3 s (start-up finished)."""
 
-        def count() -> bool:
-            out = subprocess.run(
+        def cpu_ticks() -> int | None:
+            pids = subprocess.run(
                 ["pgrep", "-f", "-P", str(self.procs[name].pid), "ipykernel_launcher"],
                 capture_output=True,
                 text=True,
             ).stdout.split()
-            return len(out) >= kernels
+            if len(pids) < kernels:
+                return None
+            total = 0
+            for pid in pids:
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except FileNotFoundError:
+                    return None
+                total += int(fields[11]) + int(fields[12])  # utime + stime
+            return total
 
-        wait_for(count, timeout, f"{kernels} warm kernels on {name}")
+        def quiet() -> bool:
+            before = cpu_ticks()
+            time.sleep(0.3)
+            return before is not None and cpu_ticks() == before
+
+        wait_for(quiet, timeout, f"{kernels} idle warm kernels on {name}")
 
     def log_path(self, name: str) -> Path:
         return self.dir / f"{name}.log"

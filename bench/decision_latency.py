@@ -46,18 +46,22 @@ def main(turns: int) -> None:
         for _ in range(turns):
             cursor = client.last_event_id(session)
             handle = client.submit("go", model=model, approval="ask", session_id=session)
-            request = next(e for e in client.events(session, cursor)
-                           if isinstance(e, ApprovalRequest))
+            request = next(
+                e for e in client.events(session, cursor) if isinstance(e, ApprovalRequest)
+            )
             decided = time.time()
             client.approve(request.request_id, args_sha256=request.args_sha256)
-            output = next(e for e in client.events(session, request.id)
-                          if isinstance(e, CodeExecutionOutput))
+            output = next(
+                e for e in client.events(session, request.id) if isinstance(e, CodeExecutionOutput)
+            )
             delays.append((float(output.text.strip()) - decided) * 1000)
             client.wait(handle, timeout=60)
         p50, p99 = pct(delays, 50), pct(delays, 99)
         print(f"decision -> execution start, {turns} turns, 1 node")
-        print(f"  p50 {p50:.1f} ms   p99 {p99:.1f} ms   (target p50 <= {TARGET_P50_MS:.0f} ms: "
-              f"{'met' if p50 <= TARGET_P50_MS else 'MISSED'})")
+        print(
+            f"  p50 {p50:.1f} ms   p99 {p99:.1f} ms   (target p50 <= {TARGET_P50_MS:.0f} ms: "
+            f"{'met' if p50 <= TARGET_P50_MS else 'MISSED'})"
+        )
     finally:
         fleet.stop()
 
