@@ -39,6 +39,9 @@ class Settings:
     it again: a client that dies right after writing loses nothing."""
     max_agents: int = 0
     """Subagents running at once across the fleet (0: no fleet-wide cap)."""
+    task_events: bool = False
+    """Send Celery task events from the start (Flower switches them on itself when it runs;
+    they cost each step a few ms)."""
     model_timeout: float = 600.0
     visibility_timeout: int = 3600
     """Celery/Redis visibility timeout; above the longest step."""
@@ -55,13 +58,21 @@ class Settings:
                 continue
             kind = type(f.default)
             try:
-                values[f.name] = kind(raw)
+                values[f.name] = _parse_bool(raw) if kind is bool else kind(raw)
             except ValueError:
                 raise SettingsError(
                     f"ACTFLEET_{f.name.upper()}={raw!r} is not a valid {kind.__name__}; "
                     f"unset it or give a {kind.__name__} (default {f.default!r})"
                 ) from None
         return cls(**values)
+
+
+def _parse_bool(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 class SettingsError(ValueError):

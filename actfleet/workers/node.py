@@ -27,7 +27,7 @@ from actfleet.broker.state import lease_holder, text
 from actfleet.workers.approvals import Approvals
 from actfleet.workers.kernel_pool import KernelPool
 from actfleet.workers.runtimes import Runtimes
-from actfleet.workers.turn import Turn, start_children
+from actfleet.workers.turn import start_children
 
 log = logging.getLogger("actfleet.node")
 
@@ -74,11 +74,6 @@ class Node:
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the node's loop from a task thread and wait for it."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    async def cancelled(self, turn: Turn) -> bool:
-        """Whether the turn's session was cancelled after the turn was created."""
-        at = await self.redis.get(self.keys.cancel(turn.session_id))
-        return at is not None and float(at) >= float(turn.fields.get("created_at", 0))
 
     def cancel_running(self, session_id: str) -> None:
         """Stop this node's running steps of a cancelled session (model streams stop,

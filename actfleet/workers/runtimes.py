@@ -4,6 +4,7 @@ kernel. A node admits new agents only below its capacity; idle runtimes are reap
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,9 @@ class Runtime:
     agent_id: str
     workdir: Path
     kernel: Kernel | None = None
+    starting: asyncio.Future[Kernel] | None = None
+    """The kernel being taken from the pool since the runtime was made (overlapping the
+    model step)."""
     parent_agent: str = ""
     """For a subagent: its parent (whose slots this runtime renews)."""
     notice: str = ""
@@ -91,14 +95,17 @@ class Runtimes:
                 )
                 await emit(node.redis, node.keys, node.settings.stream_maxlen, [restarted])
             self.table[key] = runtime
+            runtime.starting = asyncio.ensure_future(node.pool.acquire(runtime.workdir))
         runtime.last_used = time.monotonic()
         return runtime
 
     async def kernel(self, runtime: Runtime) -> Kernel:
         """The runtime's kernel, taken from the warm pool on first use."""
         if runtime.kernel is None:
-            await self._make_room(runtime)
-            runtime.kernel = await self.node.pool.acquire(runtime.workdir)
+            if runtime.starting is None:
+                await self._make_room(runtime)
+                runtime.starting = asyncio.ensure_future(self.node.pool.acquire(runtime.workdir))
+            runtime.kernel = await runtime.starting
         return runtime.kernel
 
     async def _make_room(self, asking: Runtime | None = None) -> bool:
@@ -108,7 +115,7 @@ class Runtimes:
         busy = [
             r
             for r in self.table.values()
-            if r is not asking and (r.kernel is not None or r.lock.locked())
+            if r is not asking and (r.kernel or r.starting or r.lock.locked())
         ]
         if len(busy) < self.capacity:
             return True
@@ -130,6 +137,10 @@ class Runtimes:
         await node.redis.hset(
             node.keys.agent(runtime.session_id, runtime.agent_id), "released", why
         )
+        if runtime.kernel is None and runtime.starting is not None:
+            runtime.starting.cancel()
+            with contextlib.suppress(BaseException):
+                runtime.kernel = await runtime.starting
         if runtime.kernel is not None:
             await runtime.kernel.shutdown()
         lease = node.keys.lease(runtime.session_id, runtime.agent_id)

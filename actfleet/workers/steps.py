@@ -83,9 +83,14 @@ async def run_step(
         )
         if verdict != "ok":
             return
-        raw = await node.redis.hgetall(node.keys.turn(turn_id))
+        async with node.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(node.keys.turn(turn_id))
+            pipe.get(node.keys.cancel(session_id))
+            raw, cancelled_at = await pipe.execute()
         turn = Turn(session_id, agent_id, turn_id, {text(k): text(v) for k, v in raw.items()})
-        if await node.cancelled(turn):
+        if cancelled_at is not None and float(cancelled_at) >= float(
+            turn.fields.get("created_at", 0)
+        ):
             await cancel(node, turn, sid, turn.fields.get("cancel_phase") or "between_steps")
             return
         work = asyncio.ensure_future(_run(node, runtime, turn, kind, sid, step_no, previous_owner))
