@@ -72,6 +72,18 @@ def _client(redis_url: str | None):  # noqa: ANN202 - keeps the SDK import lazy
     return Client(redis_url)
 
 
+def _connected(redis_url: str | None):  # noqa: ANN202 - keeps the SDK import lazy
+    """A client whose Redis answers, or a one-line error saying what to do."""
+    from actfleet.client.sdk import RedisUnavailable
+
+    client = _client(redis_url)
+    try:
+        client.ping()
+    except RedisUnavailable as exc:
+        raise _fail(str(exc)) from None
+    return client
+
+
 @app.command()
 def run(
     prompt: Annotated[str, typer.Argument(help="What the agent should do.")],
@@ -188,13 +200,7 @@ def watch(
     redis_url: RedisUrl = None,
 ) -> None:
     """Show a session's events, from the start or after an event id; follows new ones."""
-    from actfleet.client.sdk import RedisUnavailable
-
-    client = _client(redis_url)
-    try:
-        client.ping()
-    except RedisUnavailable as exc:
-        raise _fail(str(exc)) from None
+    client = _connected(redis_url)
     renderer = None if json_out else Renderer()
     try:
         for event in client.events(session, after, follow=not no_follow):
@@ -237,13 +243,8 @@ def approvals(
 ) -> None:
     """List pending approval requests (code highlighted), or decide them as they arrive."""
     from actfleet.client.approval_prompt import Walker, show
-    from actfleet.client.sdk import RedisUnavailable
 
-    client = _client(redis_url)
-    try:
-        client.ping()
-    except RedisUnavailable as exc:
-        raise _fail(str(exc)) from None
+    client = _connected(redis_url)
     console = Renderer().console
     walker = Walker(client, console, approver) if interactive else None
     shown: set[str] = set()
@@ -307,12 +308,10 @@ def _decide(
 ) -> None:
     from actfleet.broker.approvals import DecisionRefused
     from actfleet.client.approval_prompt import show
-    from actfleet.client.sdk import RedisUnavailable
 
-    client = _client(redis_url)
+    client = _connected(redis_url)
     console = Renderer().console
     try:
-        client.ping()
         if all_:
             if not session or request_id:
                 raise _fail("--all needs --session S and no request id")
@@ -341,7 +340,7 @@ def _decide(
                 failed = True
         if all_ and not records:
             console.print("[dim]no pending requests[/]")
-    except (RedisUnavailable, DecisionRefused) as exc:
+    except DecisionRefused as exc:
         raise _fail(str(exc)) from None
     if failed:
         raise typer.Exit(EXIT_INPUT)
@@ -354,12 +353,8 @@ def cancel(
 ) -> None:
     """Cancel a session: its model streams stop, its cells are interrupted, its pending
     approvals are withdrawn and its subagents end, on whatever nodes they run."""
-    from actfleet.client.sdk import RedisUnavailable
 
-    try:
-        _client(redis_url).cancel(session)
-    except RedisUnavailable as exc:
-        raise _fail(str(exc)) from None
+    _connected(redis_url).cancel(session)
     print(f"cancelling {session}")
 
 

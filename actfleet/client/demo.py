@@ -21,6 +21,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import redis
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -185,12 +186,18 @@ def _run_examples(client: Client, workdir: Path, console: Console) -> int:
 
 
 def _summary(examples: list[Example], console: Console) -> int:
-    table = Table(title="results", title_style="bold")
+    table = Table(
+        title="results",
+        title_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     for column in ("example", "session", "turns", "cells", "nodes", "secs", "status"):
         table.add_column(
             column,
-            no_wrap=column == "session",
-            min_width=14 if column == "example" else None,
+            no_wrap=column in ("session", "status"),
+            min_width={"example": 14, "status": 8}.get(column),
         )
     failures = 0
     for e in examples:
