@@ -4,11 +4,13 @@ to the exact arguments, first decision wins, expiry, and decisions that are neve
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pexpect
 import pytest
 
 from actfleet.broker import events as ev
@@ -262,38 +264,30 @@ def test_parked_turn_resumes_on_another_node_after_its_node_died(
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
 
 
+def in_terminal(redis_url: str, *args: str) -> pexpect.spawn:
+    """`actfleet ARGS` in a pseudo-terminal, as a person would run it (colours off)."""
+    env = {**os.environ, "ACTFLEET_REDIS_URL": redis_url, "COLUMNS": "120", "NO_COLOR": "1"}
+    return pexpect.spawn(
+        sys.executable, ["-m", "actfleet", *args], env=env, encoding="utf-8", timeout=30
+    )
+
+
 def test_interactive_walker_approves_and_approves_later_matching_requests(
     fleet, client: Client, tmp_path: Path
 ):
-    import os
-
-    import pexpect
-
     policy = rules_file(tmp_path, 'ask = ["shell:echo *"]\nallow = ["code"]\n')
     replay = write_replay(
         tmp_path / "r.jsonl", {"code": "!echo one\n!echo two\n!echo three"}, {"text": "walked"}
     )
     handle = client.submit("walk", model=f"replay:{replay}", approval=policy)
-    walker = pexpect.spawn(
-        sys.executable,
-        [
-            "-m",
-            "actfleet",
-            "approvals",
-            "--interactive",
-            "--session",
-            handle.session_id,
-            "--as",
-            "erin",
-        ],
-        env={
-            **os.environ,
-            "ACTFLEET_REDIS_URL": fleet.redis_url,
-            "COLUMNS": "120",
-            "NO_COLOR": "1",
-        },
-        encoding="utf-8",
-        timeout=30,
+    walker = in_terminal(
+        fleet.redis_url,
+        "approvals",
+        "--interactive",
+        "--session",
+        handle.session_id,
+        "--as",
+        "erin",
     )
     walker.expect("echo one")
     walker.expect("approve\\?")
@@ -318,23 +312,8 @@ def test_interactive_walker_approves_and_approves_later_matching_requests(
 
 
 def test_run_in_a_terminal_asks_inline_and_a_rejection_ends_the_turn(fleet, tmp_path: Path):
-    import os
-
-    import pexpect
-
     replay = write_replay(tmp_path / "r.jsonl", {"code": "print('never')"}, {"text": "n/a"})
-    run = pexpect.spawn(
-        sys.executable,
-        ["-m", "actfleet", "run", "try it", "--model", f"replay:{replay}"],
-        env={
-            **os.environ,
-            "ACTFLEET_REDIS_URL": fleet.redis_url,
-            "COLUMNS": "120",
-            "NO_COLOR": "1",
-        },
-        encoding="utf-8",
-        timeout=30,
-    )
+    run = in_terminal(fleet.redis_url, "run", "try it", "--model", f"replay:{replay}")
     run.expect("print\\('never'\\)")
     run.expect("approve\\?")
     run.sendline("n")
