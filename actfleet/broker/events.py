@@ -179,7 +179,6 @@ class Cancelled(Event):
 
 
 TERMINAL = (TurnFinished, TurnFailed, Cancelled)
-CHUNKS = (ThoughtsChunk, ResponseChunk, CodeExecutionOutputChunk)
 
 
 def encode(event: Event) -> bytes:

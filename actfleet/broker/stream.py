@@ -53,16 +53,6 @@ async def emit(redis: Any, keys: Keys, maxlen: int, events: list[Event]) -> list
     return [i.decode() if isinstance(i, bytes) else i for i in ids]
 
 
-def emit_sync(redis: Any, keys: Keys, maxlen: int, events: list[Event]) -> list[str]:
-    """`emit` for synchronous clients."""
-    if not events:
-        return []
-    session_id = events[0].session_id
-    blobs = [encode(stamp(e)) for e in events]
-    ids = redis.eval(_EMIT, 2, keys.seq(session_id), keys.stream(session_id), maxlen, *blobs)
-    return [i.decode() if isinstance(i, bytes) else i for i in ids]
-
-
 class ChunkCoalescer:
     """Buffers chunk text per (type, corr_id) and writes it every few tens of ms or KB,
     so a fast token stream does not become one Redis command per token."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.messages import ModelRequest, ToolCallPart, ToolReturnPart
 
-from actfleet.broker.approvals import ApprovalRecord
+from actfleet.broker.approvals import ApprovalRecord, dispatch_member
 from actfleet.broker.celery_app import MODEL_STEP
 from actfleet.broker.events import (
     CodeExecutionOutput,
@@ -20,7 +20,7 @@ from actfleet.broker.events import (
     Event,
     ToolOutput,
 )
-from actfleet.broker.state import step_id, text
+from actfleet.broker.state import text
 from actfleet.broker.subagents import spawn
 from actfleet.workers.approvals import ShellGate, action_of, policy_of, refused_event
 from actfleet.workers.models import CODE_TOOL, SUBAGENT_TOOL, dump_message
@@ -68,7 +68,7 @@ async def execution_step(
             outcome = {"status": "rejected", "text": text_}
         elif call.tool_name == SUBAGENT_TOOL and not turn.is_subagent:
             if done is None:
-                await _spawn(node, turn, call, step_no)
+                await _spawn(node, turn, call, sid, step_no)
             children += 1
             continue
         elif done is not None and done != "started":
@@ -149,15 +149,14 @@ def _cap(turn: Turn) -> int:
     return int(turn.options.get("max_subagents", DEFAULT_MAX_SUBAGENTS))
 
 
-async def _spawn(node: Node, turn: Turn, call: ToolCallPart, step_no: int) -> None:
+async def _spawn(node: Node, turn: Turn, call: ToolCallPart, sid: str, step_no: int) -> None:
     """Record a child agent for a subagent_task call; it starts when a slot is free."""
     args = call.args_as_dict()
     digest = hashlib.sha256(f"{turn.turn_id}/{call.tool_call_id}".encode()).hexdigest()
     child_agent, child_turn = f"sub-{digest[:8]}", f"t-{digest[8:20]}"
     options = {k: v for k, v in turn.options.items() if k != "max_subagents"}
     options["max_turns"] = int(args.get("max_turns", 100))
-    sid = step_id(turn.turn_id, step_no, "execution")
-    collect = f"{turn.session_id}|{turn.agent_id}|{turn.turn_id}|{step_no + 1}|collect"
+    collect = dispatch_member(turn.session_id, turn.agent_id, turn.turn_id, step_no + 1, "collect")
     prompt = str(args.get("prompt", ""))
     await spawn(
         node.redis,

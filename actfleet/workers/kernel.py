@@ -275,13 +275,6 @@ class Kernel:
         if self._process is not None:
             await self._process.interrupt()
 
-    async def restart(self) -> None:
-        """Replace the kernel process with a fresh one; its state is lost, init re-applied."""
-        async with self._lock:
-            self._check_open()
-            await self._settle_replacement()
-            await self._replace_process()
-
     async def shutdown(self) -> None:
         """Kill the kernel and its approval server; a running cell returns as died."""
         if self._closed:

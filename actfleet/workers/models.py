@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from importlib.resources import files
 from typing import Any
 
@@ -25,7 +25,6 @@ from pydantic_ai.exceptions import (
 )
 from pydantic_ai.messages import (
     ModelMessage,
-    ModelMessagesTypeAdapter,
     ModelResponse,
     ModelResponseStreamEvent,
     PartDeltaEvent,
@@ -207,16 +206,6 @@ async def stream_response(
         raise
     except Exception as exc:
         raise ModelCallError(_call_message(model, exc)) from exc
-
-
-def dump_messages(messages: Sequence[ModelMessage]) -> bytes:
-    """A message history as JSON."""
-    return ModelMessagesTypeAdapter.dump_json(list(messages))
-
-
-def load_messages(data: bytes | str) -> list[ModelMessage]:
-    """A message history from `dump_messages` JSON."""
-    return ModelMessagesTypeAdapter.validate_json(data)
 
 
 def dump_message(message: ModelMessage) -> bytes:
