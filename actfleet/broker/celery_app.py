@@ -6,6 +6,7 @@ from __future__ import annotations
 from celery import Celery
 
 from actfleet.broker.keys import Keys
+from actfleet.broker.records import StepRef
 from actfleet.broker.settings import Settings
 
 MODEL_STEP = "actfleet.model_step"
@@ -38,6 +39,7 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def send_step(app: Celery, kind: str, args: list[object], queue: str) -> None:
-    """Enqueue a step task (`MODEL_STEP` or `EXECUTION_STEP`) on a queue."""
-    app.send_task(kind, args=args, queue=queue, routing_key=queue)
+def send_step(app: Celery, ref: StepRef, queue: str) -> None:
+    """Enqueue a step on a queue: the task of its kind, with the encoded `StepRef` as its
+    one argument."""
+    app.send_task(step_task(ref.kind), args=[ref.encode()], queue=queue, routing_key=queue)

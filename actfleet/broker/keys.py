@@ -137,3 +137,7 @@ class Keys:
 
     def image(self, ref: str) -> str:
         return f"{self.prefix}:image:{ref}"
+
+    def dead_letters(self) -> str:
+        """List of messages that could not be read (newest first, trimmed), with the reason."""
+        return f"{self.prefix}:deadletters"
