@@ -178,6 +178,13 @@ class Cancelled(Event):
     phase: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Unreadable(Event):
+    """A stream entry that could not be decoded; readers show it as a notice and go on."""
+
+    reason: str
+
+
 TERMINAL = (TurnFinished, TurnFailed, Cancelled)
 
 
@@ -189,11 +196,43 @@ def encode(event: Event) -> bytes:
 
 
 def decode(blob: bytes, *, seq: int, stream_id: str) -> Event:
-    """The event a stream entry holds; unknown fields (from newer writers) are ignored."""
-    data = msgpack.unpackb(blob, raw=False)
-    cls = Event.types.get(data.pop("type", ""))
-    if cls is None:
-        raise ValueError(f"unknown event type in stream entry {stream_id}")
-    names = {f.name for f in dataclasses.fields(cls)}
+    """The event a stream entry holds; unknown fields (from newer writers) are ignored.
+    ValueError (naming the entry and the fault) for anything that is not an event."""
+    try:
+        data = msgpack.unpackb(blob, raw=False)
+    except Exception as exc:
+        raise ValueError(f"stream entry {stream_id} is not msgpack ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"stream entry {stream_id} is a {type(data).__name__}, not an event")
+    cls = Event.types.get(str(data.pop("type", "")))
+    if cls is None or cls is Unreadable:
+        raise ValueError(f"stream entry {stream_id} has an unknown event type")
+    names = {f.name for f in dataclasses.fields(cls)} - {"seq", "id"}
     kwargs = {k: v for k, v in data.items() if k in names}
-    return cls(**kwargs, seq=seq, id=stream_id)
+    try:
+        event = cls(**kwargs, seq=seq, id=stream_id)
+    except TypeError as exc:
+        raise ValueError(f"stream entry {stream_id}: {exc}") from None
+    for f in dataclasses.fields(event):
+        if not _has_type(getattr(event, f.name), f.type):
+            raise ValueError(f"stream entry {stream_id}: field {f.name!r} has the wrong type")
+    return event
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "list[str]": (list,),
+    "dict[str, Any]": (dict,),
+    "dict[str, int]": (dict,),
+}
+
+
+def _has_type(value: Any, annotation: Any) -> bool:
+    """Whether a decoded field has its declared type (annotations are strings here)."""
+    expected = _TYPES.get(str(annotation))
+    return expected is None or (
+        isinstance(value, expected) and not (isinstance(value, bool) and bool not in expected)
+    )

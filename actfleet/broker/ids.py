@@ -10,9 +10,7 @@ import re
 
 ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
 """Letters, digits and `_.:-`, starting with a letter or digit, at most 128 characters."""
-ID_RULE = (
-    "letters, digits and _ . : -, starting with a letter or digit, at most 128 characters"
-)
+ID_RULE = "letters, digits and _ . : -, starting with a letter or digit, at most 128 characters"
 _ID = re.compile(ID_PATTERN)
 
 

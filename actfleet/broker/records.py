@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -175,6 +177,17 @@ class TurnRecord:
     def current(self) -> StepRef:
         return StepRef(self.session_id, self.agent_id, self.turn_id, self.step_no, self.step_kind)  # type: ignore[arg-type]
 
+    def envelope(self, node: str, corr_id: str = "") -> dict[str, Any]:
+        """The envelope of an event about this turn."""
+        return {
+            "session_id": self.session_id,
+            "agent_id": self.agent_id,
+            "turn_id": self.turn_id,
+            "corr_id": corr_id,
+            "parent_corr_id": self.parent_call,
+            "node": node,
+        }
+
     def usage(self) -> dict[str, int]:
         return {
             "input_tokens": self.input_tokens,
@@ -203,3 +216,74 @@ class AgentRecord:
     @classmethod
     def from_hash(cls, raw: dict[Any, Any]) -> AgentRecord:
         return read_hash(cls, raw, "agent")
+
+
+ApprovalKind = Literal["code", "shell", "tool", "subagent"]
+APPROVAL_KINDS: tuple[ApprovalKind, ...] = get_args(ApprovalKind)
+
+
+@dataclass(frozen=True)
+class ApprovalRecord:
+    """A request for a human decision (`Keys.approval`)."""
+
+    id: str
+    session_id: str
+    agent_id: str
+    turn_id: str
+    kind: str
+    """An `ApprovalKind`."""
+    tool_name: str
+    args: dict[str, Any]
+    args_sha256: str
+    created_at: float
+    expires_at: float = 0.0
+    """0: never."""
+    scope: str = "step"
+    """step: decides a parked turn's call; cell: a shell command a running cell waits on."""
+    corr_id: str = ""
+    dispatch: str = ""
+    """The step (an encoded `StepRef`) that resumes the turn (scope step)."""
+    status: str = "pending"
+    """pending, approved, rejected, expired or withdrawn."""
+    approver: str = ""
+    reason: str = ""
+    decided_at: float = 0.0
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        session_id: str,
+        agent_id: str,
+        turn_id: str,
+        kind: str,
+        tool_name: str,
+        args: dict[str, Any],
+        timeout: float | None,
+        **extra: Any,
+    ) -> ApprovalRecord:
+        from actfleet.broker.approvals import args_sha256
+
+        now = time.time()
+        return cls(
+            id=f"a-{uuid.uuid4().hex[:10]}",
+            session_id=session_id,
+            agent_id=agent_id,
+            turn_id=turn_id,
+            kind=kind,
+            tool_name=tool_name,
+            args=args,
+            args_sha256=args_sha256(tool_name, args),
+            created_at=now,
+            expires_at=now + timeout if timeout else 0.0,
+            **extra,
+        )
+
+    @classmethod
+    def from_hash(cls, raw: dict[Any, Any], request_id: str = "") -> ApprovalRecord:
+        if not raw:
+            raise BadRecord(f"approval request {request_id or '?'} has no record")
+        return read_hash(cls, raw, f"approval request {request_id or _text(raw.get(b'id', '?'))}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -47,6 +47,15 @@ class Settings:
     """Celery/Redis visibility timeout; above the longest step."""
     workdir: str = ""
     """Root of the runtimes' working directories (default: a temp dir per node)."""
+    keep_workdirs: bool = False
+    """Keep a runtime's working directory when the runtime is released (default: removed)."""
+    retention: float = 7 * 24 * 3600.0
+    """Seconds a finished session's keys are kept after its last turn ended (0: forever)."""
+    redis_retry_seconds: float = 30.0
+    """How long a Redis command keeps retrying a lost connection (with backoff) before it
+    fails: a Redis restart shorter than this loses nothing."""
+    dead_letters_max: int = 10_000
+    """Dead letters kept (newest first)."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

@@ -11,23 +11,9 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from actfleet.broker.events import Event, decode, encode
+from actfleet.broker.events import Event, Unreadable, decode, encode
 from actfleet.broker.keys import Keys
-
-# Shared by every script that writes events: KEYS[seq], KEYS[stream]; blobs in ARGV.
-EMIT_LUA = """
-local function emit(seq_key, stream_key, maxlen, blobs, first, last)
-  local ids = {}
-  for i = first, last do
-    local seq = redis.call('INCR', seq_key)
-    ids[#ids + 1] = redis.call('XADD', stream_key, 'MAXLEN', '~', maxlen, '*',
-                               'seq', seq, 'e', blobs[i])
-  end
-  return ids
-end
-"""
-
-_EMIT = EMIT_LUA + "return emit(KEYS[1], KEYS[2], ARGV[1], ARGV, 2, #ARGV)"
+from actfleet.broker.scripts import script
 
 
 def stamp(event: Event) -> Event:
@@ -49,7 +35,9 @@ async def emit(redis: Any, keys: Keys, maxlen: int, events: list[Event]) -> list
         return []
     session_id = events[0].session_id
     blobs = [encode(stamp(e)) for e in events]
-    ids = await redis.eval(_EMIT, 2, keys.seq(session_id), keys.stream(session_id), maxlen, *blobs)
+    ids = await script("emit").arun(
+        redis, [keys.seq(session_id), keys.stream(session_id)], [maxlen, *blobs]
+    )
     return [i.decode() if isinstance(i, bytes) else i for i in ids]
 
 
@@ -108,11 +96,18 @@ class ChunkCoalescer:
             await self._write()
 
 
-def _entries_to_events(entries: list[Any]) -> list[Event]:
-    events = []
+def _entries_to_events(session_id: str, entries: list[Any]) -> list[Event]:
+    """The events of stream entries; an entry that is not an event becomes `Unreadable`
+    (with the reason), so one junk entry never stops a reader."""
+    events: list[Event] = []
     for stream_id, fields in entries:
-        sid = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
-        events.append(decode(fields[b"e"], seq=int(fields[b"seq"]), stream_id=sid))
+        sid = stream_id.decode() if isinstance(stream_id, bytes) else str(stream_id)
+        try:
+            seq = int(fields.get(b"seq", b"0"))
+            events.append(decode(fields[b"e"], seq=seq, stream_id=sid))
+        except (KeyError, ValueError) as exc:
+            reason = str(exc) if not isinstance(exc, KeyError) else f"entry {sid} has no event"
+            events.append(Unreadable(session_id=session_id, agent_id="", id=sid, reason=reason))
     return events
 
 
@@ -135,7 +130,7 @@ def read_events(
             if follow:
                 continue
             return
-        events = _entries_to_events(reply[0][1])
+        events = _entries_to_events(session_id, reply[0][1])
         yield from events
         cursor = events[-1].id
         if not follow and len(events) < 500:
@@ -160,7 +155,7 @@ async def aread_events(
             if follow:
                 continue
             return
-        events = _entries_to_events(reply[0][1])
+        events = _entries_to_events(session_id, reply[0][1])
         for event in events:
             yield event
         cursor = events[-1].id

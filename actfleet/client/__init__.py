@@ -1,7 +1,8 @@
 """What users hold: the Python SDK, the CLI and the demo. Never imports the worker code."""
 
-from actfleet.broker.approvals import ApprovalRecord, DecisionRefused
+from actfleet.broker.approvals import DecisionRefused
 from actfleet.broker.policy import Policy, PolicyError
+from actfleet.broker.records import ApprovalRecord
 from actfleet.client.sdk import Client, Handle, RedisUnavailable, TurnResult
 
 __all__ = [

@@ -13,7 +13,8 @@ from rich.prompt import Prompt
 from rich.syntax import Syntax
 from rich.text import Text
 
-from actfleet.broker.approvals import ApprovalRecord, DecisionRefused
+from actfleet.broker.approvals import DecisionRefused
+from actfleet.broker.records import ApprovalRecord
 from actfleet.client.sdk import Client
 
 SUBCOMMAND_TOOLS = {"git", "pip", "uv", "npm", "docker", "kubectl", "cargo", "apt", "make"}

@@ -7,32 +7,28 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from actfleet.broker.approvals import (
-    DECIDE_LUA,
-    ApprovalRecord,
-    DecisionRefused,
-    decide_args,
-    parse_dispatch_member,
-    refusal,
-)
+from actfleet.broker import transitions
+from actfleet.broker.approvals import DecisionRefused, refusal
+from actfleet.broker.connection import async_redis, sync_redis
 from actfleet.broker.events import TERMINAL, Event, TurnStarted
+from actfleet.broker.ids import check_id
 from actfleet.broker.keys import Keys
 from actfleet.broker.model_names import check_model_name
 from actfleet.broker.policy import Policy, load_policy
+from actfleet.broker.records import ENDED, ApprovalRecord, BadRecord, StepRef, TurnRecord
 from actfleet.broker.replay import load_replay
 from actfleet.broker.settings import Settings
-from actfleet.broker.state import route, submit_turn, text
 from actfleet.broker.stream import aread_events, read_events
+from actfleet.broker.transitions import route, text
 
 AGENT_OPTIONS = {
     "execution_timeout": float,
@@ -77,15 +73,18 @@ class Client:
         if redis_url:
             self.settings = dataclasses.replace(self.settings, redis_url=redis_url)
         self.keys = Keys(self.settings.key_prefix)
-        self.redis = redis.Redis.from_url(
-            self.settings.redis_url, socket_connect_timeout=3, health_check_interval=30
-        )
+        self.redis = sync_redis(self.settings)
         self._celery: Any = None
 
     def ping(self) -> None:
-        """Raise RedisUnavailable, saying what to do, unless Redis answers."""
+        """Raise RedisUnavailable, saying what to do, unless Redis answers (at once: this
+        check does not wait out an outage as other commands do)."""
         try:
-            self.redis.ping()
+            probe = redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=3)
+            try:
+                probe.ping()
+            finally:
+                probe.close()
         except redis.RedisError as exc:
             raise RedisUnavailable(
                 f"cannot reach Redis at {_safe_url(self.settings.redis_url)} ({exc}); start "
@@ -106,6 +105,8 @@ class Client:
         Everything is checked before anything is written."""
         if not prompt.strip():
             raise ValueError("the prompt is empty; say what the agent should do")
+        if session_id is not None:
+            check_id(session_id, "session id")
         check_model_name(model)
         policy = approval if isinstance(approval, Policy) else load_policy(approval)
         replay = ""
@@ -124,52 +125,45 @@ class Client:
             model=model,
             ts=now,
         )
-        fields = {
-            "session_id": session_id,
-            "agent_id": "main",
-            "prompt": prompt,
-            "model": model,
-            "replay": replay,
-            "options": json.dumps(options),
-            "created_at": now,
-        }
-        state = submit_turn(
-            self.redis,
-            self.keys,
-            self.settings.stream_maxlen,
+        turn = TurnRecord(
+            session_id=session_id,
+            agent_id="main",
             turn_id=turn_id,
-            started=started,
-            now=now,
-            fields=fields,
+            prompt=prompt,
+            model=model,
+            replay=replay,
+            options=options,
+            created_at=now,
         )
+        state = transitions.submit(self.keys, self.settings, turn, started).run(self.redis)
         if state == "started":
-            self._send_step(session_id, "main", turn_id, 1, "model")
+            self._send_step(StepRef.first(session_id, "main", turn_id))
         return Handle(session_id, turn_id)
 
-    def _send_step(
-        self, session_id: str, agent_id: str, turn_id: str, step_no: int, kind: str
-    ) -> None:
-        from actfleet.broker.celery_app import make_celery, send_step, step_task
+    def _send_step(self, ref: StepRef) -> None:
+        """Send a step a transition made current (recorded in the dispatch set first, so a
+        send lost now is made again by a node)."""
+        from actfleet.broker.celery_app import make_celery, send_step
 
         if self._celery is None:
             self._celery = make_celery(self.settings)
-        queue = route(self.keys, self.redis.get(self.keys.lease(session_id, agent_id)))
-        send_step(self._celery, step_task(kind), [session_id, agent_id, turn_id, step_no], queue)
+        queue = route(self.keys, self.redis.get(self.keys.lease(ref.session_id, ref.agent_id)))
+        send_step(self._celery, ref, queue)
 
     def events(
         self, session_id: str, after: str | None = None, *, follow: bool = True
     ) -> Iterator[Event]:
         """The session's events after stream id `after` (None: from the start); with
         `follow`, waits for new ones until the caller stops iterating."""
+        check_id(session_id, "session id")
         return read_events(self.redis, self.keys, session_id, after, follow=follow)
 
     async def aevents(
         self, session_id: str, after: str | None = None, *, follow: bool = True
     ) -> AsyncIterator[Event]:
         """`events` for asyncio code."""
-        import redis.asyncio as aioredis
-
-        conn = aioredis.Redis.from_url(self.settings.redis_url)
+        check_id(session_id, "session id")
+        conn = async_redis(self.settings)
         try:
             async for event in aread_events(conn, self.keys, session_id, after, follow=follow):
                 yield event
@@ -183,17 +177,20 @@ class Client:
 
     def result(self, turn_id: str) -> TurnResult | None:
         """How the turn ended, or None while it runs or waits."""
-        raw = {text(k): text(v) for k, v in self.redis.hgetall(self.keys.turn(turn_id)).items()}
-        if raw.get("status") not in ("finished", "failed", "cancelled"):
+        raw = self.redis.hgetall(self.keys.turn(turn_id))
+        if not raw:
+            return None
+        turn = TurnRecord.from_hash({**raw, b"turn_id": turn_id}, turn_id)
+        if turn.status not in ENDED:
             return None
         return TurnResult(
-            session_id=raw["session_id"],
+            session_id=turn.session_id,
             turn_id=turn_id,
-            status=raw["status"],
-            response=raw.get("response", ""),
-            reason=raw.get("reason", ""),
-            error=raw.get("error", ""),
-            usage={k: int(raw.get(k, 0)) for k in ("input_tokens", "output_tokens", "requests")},
+            status=turn.status,
+            response=turn.response,
+            reason=turn.reason,
+            error=turn.error,
+            usage=turn.usage(),
         )
 
     def wait(self, handle: Handle, timeout: float | None = None) -> TurnResult:
@@ -212,22 +209,41 @@ class Client:
             if reply:
                 cursor = text(reply[0][1][-1][0])
 
-    def pending(self, session_id: str | None = None) -> list[ApprovalRecord]:
-        """Requests waiting for a decision, oldest first (all sessions, or one)."""
-        ids = self.redis.zrange(self.keys.approvals(session_id or ""), 0, -1)
+    def pending(
+        self,
+        session_id: str | None = None,
+        *,
+        on_unreadable: Callable[[str, str], None] | None = None,
+    ) -> list[ApprovalRecord]:
+        """Requests waiting for a decision, oldest first (all sessions, or one). A request
+        whose record cannot be read is skipped (`on_unreadable(id, why)` is told)."""
+        if session_id is not None:
+            check_id(session_id, "session id")
+        ids = [text(i) for i in self.redis.zrange(self.keys.approvals(session_id or ""), 0, -1)]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for request_id in ids:
+                pipe.hgetall(self.keys.approval(request_id))
+            raws = pipe.execute()
         records = []
-        for request_id in ids:
-            raw = self.redis.hgetall(self.keys.approval(text(request_id)))
-            if raw:
-                records.append(ApprovalRecord.from_hash(raw))
+        for request_id, raw in zip(ids, raws, strict=True):
+            try:
+                records.append(ApprovalRecord.from_hash(raw, request_id))
+            except BadRecord as exc:
+                if on_unreadable is not None:
+                    on_unreadable(request_id, str(exc))
         return [r for r in records if r.status == "pending"]
 
     def request(self, request_id: str) -> ApprovalRecord:
-        """One request, pending or decided; DecisionRefused when there is no such id."""
+        """One request, pending or decided; DecisionRefused when there is no such id or its
+        record cannot be read."""
+        check_id(request_id, "request id")
         raw = self.redis.hgetall(self.keys.approval(request_id))
         if not raw:
             raise refusal("unknown", request_id, "", "")
-        return ApprovalRecord.from_hash(raw)
+        try:
+            return ApprovalRecord.from_hash(raw, request_id)
+        except BadRecord as exc:
+            raise DecisionRefused(f"{exc}; it cannot be decided") from None
 
     def approve(
         self, request_id: str, *, args_sha256: str, approver: str | None = None
@@ -245,24 +261,25 @@ class Client:
         self, request_id: str, status: str, sha: str, approver: str | None, reason: str
     ) -> ApprovalRecord:
         record = self.request(request_id)
-        who = approver or getpass.getuser()
-        args = decide_args(
+        decision = transitions.decide(
             self.keys,
-            self.settings.stream_maxlen,
+            self.settings,
             record,
-            status=status,
+            status=status,  # type: ignore[arg-type]
             args_sha=sha,
-            approver=who,
+            approver=approver or getpass.getuser(),
             reason=reason,
-        )
-        verdict, detail, by = (text(x) for x in self.redis.eval(DECIDE_LUA, 0, *args))
-        if verdict in ("unknown", "hash", "decided"):
-            raise refusal(verdict, request_id, detail, by)
-        if detail == "resume":
+            decision_id=uuid.uuid4().hex,
+        ).run(self.redis)
+        if decision.verdict == "hash":
+            raise refusal("hash", request_id, decision.detail, "")
+        if decision.verdict in ("unknown", "decided"):
+            raise refusal(decision.verdict, request_id, decision.status, decision.detail)
+        if decision.resume is not None:
             # The fleet resends this step if we die now (the dispatch set): nothing is lost.
-            self._send_step(*parse_dispatch_member(by))
+            self._send_step(decision.resume)
         decided = self.request(request_id)
-        if verdict == "expired":
+        if decision.status == "expired":
             raise DecisionRefused(
                 f"request {request_id} had expired ({decided.reason}); the turn goes on as rejected"
             )
@@ -272,11 +289,10 @@ class Client:
         """Cancel everything the session runs, wherever it runs: model streams stop, cells
         are interrupted, pending approvals are withdrawn, subagents end. Each agent reports
         one Cancelled event; the session accepts new turns afterwards."""
-        from actfleet.broker.cancellation import cancel_session
-
+        check_id(session_id, "session id")
         self.ping()
-        for member in cancel_session(self.redis, self.keys, session_id):
-            self._send_step(*parse_dispatch_member(member))
+        for ref in transitions.cancel(self.keys, self.settings, session_id).run(self.redis):
+            self._send_step(ref)
 
     def output(self, ref: str) -> str:
         """The full output of a truncated cell (`CodeExecutionOutput.output_ref`)."""

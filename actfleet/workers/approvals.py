@@ -1,36 +1,27 @@
 """A node's side of the reply channel: the policy applied to a model response's calls and
-to the shell commands of a running cell; waiting for a decision inside a cell (pub/sub, with
-a poll as a safety net); expiring overdue requests; re-sending steps a client sent but no
-node claimed (so a decision is never lost)."""
+to the shell commands of a running cell; waiting for a decision inside a cell (pub/sub,
+with a poll as a safety net); closing requests without a human (expired, withdrawn)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from actfleet.broker.approvals import (
-    DECIDE_LUA,
-    OPEN_REQUEST_LUA,
-    ApprovalRecord,
-    decide_args,
-    dispatch_member,
-)
-from actfleet.broker.events import ApprovalDecision, ApprovalRequest, encode
+from actfleet.broker import transitions
+from actfleet.broker.events import ApprovalDecision, ApprovalRequest
 from actfleet.broker.policy import Policy, split_shell
-from actfleet.broker.state import text
-from actfleet.broker.stream import emit, stamp
+from actfleet.broker.records import ApprovalRecord, BadRecord, StepRef, TurnRecord
+from actfleet.broker.transitions import DecisionStatus, text
+from actfleet.workers.context import NodeContext
 from actfleet.workers.models import CODE_TOOL, SUBAGENT_TOOL
-from actfleet.workers.turn import send_member
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ToolCallPart
-
-    from actfleet.workers.node import Node
-    from actfleet.workers.turn import Turn
 
 log = logging.getLogger("actfleet.approvals")
 
@@ -64,58 +55,59 @@ def refused_event(envelope: dict[str, Any], subject: str, rule: str) -> Approval
 
 
 class Approvals:
-    """Per node: waiting for decisions and the sweeps that keep the channel whole."""
+    """Per node: requests opened by running cells, waiting for their decisions, and
+    closing requests no human decides. `on_cancel` is told each cancelled session."""
 
-    def __init__(self, node: Node):
-        self.node = node
+    def __init__(self, ctx: NodeContext, on_cancel: Callable[[str], None]):
+        self.ctx = ctx
+        self._on_cancel = on_cancel
         self._wakers: dict[str, asyncio.Event] = {}
         self._listener: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._pubsub = self.node.redis.pubsub()
-        await self._pubsub.subscribe(self.node.keys.decided(), self.node.keys.cancels())
         self._listener = asyncio.ensure_future(self._listen())
 
     async def close(self) -> None:
         if self._listener is not None:
             self._listener.cancel()
-        await self._pubsub.aclose()
+            with contextlib.suppress(BaseException):
+                await self._listener
 
     async def _listen(self) -> None:
+        """Decisions wake the cells waiting on them; cancels stop the session's steps. A
+        lost connection is re-subscribed; a junk message is skipped."""
+        keys = self.ctx.keys
         while True:
+            pubsub = self.ctx.redis.pubsub()
             try:
-                async for message in self._pubsub.listen():
-                    if message["type"] != "message":
+                await pubsub.subscribe(keys.decided(), keys.cancels())
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
                         continue
-                    if text(message["channel"]) == self.node.keys.cancels():
-                        self.node.cancel_running(text(message["data"]))
-                    elif (waker := self._wakers.get(text(message["data"]))) is not None:
+                    data = text(message.get("data", b""))[:200]
+                    if text(message.get("channel", b"")) == keys.cancels():
+                        self._on_cancel(data)
+                    elif (waker := self._wakers.get(data)) is not None:
                         waker.set()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("decision listener failed; resubscribing")
-                await asyncio.sleep(1)
+            except Exception as exc:
+                log.warning("decision listener lost its connection (%s); resubscribing", exc)
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
 
     async def record(self, request_id: str) -> ApprovalRecord:
-        return ApprovalRecord.from_hash(
-            await self.node.redis.hgetall(self.node.keys.approval(request_id))
-        )
+        """A request's record; BadRecord when it is missing or broken."""
+        raw = await self.ctx.redis.hgetall(self.ctx.keys.approval(request_id))
+        return ApprovalRecord.from_hash(raw, request_id)
 
     async def open(self, record: ApprovalRecord, parent_corr_id: str = "") -> None:
         """Open a request a running cell waits on, and announce it."""
-        node = self.node
-        event = encode(stamp(request_event(record, node.name, parent_corr_id)))
-        await node.redis.eval(
-            OPEN_REQUEST_LUA,
-            2,
-            node.keys.seq(record.session_id),
-            node.keys.stream(record.session_id),
-            node.keys.prefix,
-            node.settings.stream_maxlen,
-            record.to_json(),
-            event,
-        )
+        ctx = self.ctx
+        event = request_event(record, ctx.name, parent_corr_id)
+        await transitions.open_request(ctx.keys, ctx.settings, record, event).arun(ctx.redis)
 
     async def wait(self, request_id: str) -> ApprovalRecord:
         """Block (on this loop only) until the request is decided; return the record."""
@@ -133,47 +125,34 @@ class Approvals:
 
     async def withdraw_turn(self, session_id: str, turn_id: str, reason: str) -> None:
         """Withdraw every pending request of a turn (it is ending)."""
-        for request_id in await self.node.redis.zrange(self.node.keys.approvals(session_id), 0, -1):
-            record = await self.record(text(request_id))
+        pending = await self.ctx.redis.zrange(self.ctx.keys.approvals(session_id), 0, -1)
+        for request_id in pending:
+            try:
+                record = await self.record(text(request_id))
+            except BadRecord as exc:
+                log.warning("skipping approval request %s: %s", text(request_id), exc)
+                continue
             if record.turn_id == turn_id and record.status == "pending":
                 await self.close_request(record, "withdrawn", reason)
 
-    async def close_request(self, record: ApprovalRecord, status: str, reason: str) -> None:
+    async def close_request(
+        self, record: ApprovalRecord, status: DecisionStatus, reason: str
+    ) -> None:
         """End a pending request without a human: `expired` or `withdrawn`."""
-        node = self.node
-        args = decide_args(
-            node.keys,
-            node.settings.stream_maxlen,
+        ctx = self.ctx
+        decision = await transitions.decide(
+            ctx.keys,
+            ctx.settings,
             record,
             status=status,
             args_sha="",
             approver="actfleet",
             reason=reason,
-            node=node.name,
-        )
-        result = await node.redis.eval(DECIDE_LUA, 0, *args)
-        if text(result[1]) == "resume":
-            self._resend(text(result[2]))
-
-    async def sweep(self) -> None:
-        """Expire overdue requests; re-send steps that waited unclaimed too long."""
-        node, now = self.node, time.time()
-        for rid in await node.redis.zrangebyscore(
-            node.keys.approvals_expiry(), 0, now, start=0, num=100
-        ):
-            record = await self.record(text(rid))
-            if record.status == "pending":
-                await self.close_request(record, "expired", "")
-        stale = now - node.settings.redispatch_after
-        for member in await node.redis.zrangebyscore(
-            node.keys.dispatch(), 0, stale, start=0, num=100
-        ):
-            member = text(member)
-            await node.redis.zadd(node.keys.dispatch(), {member: now})
-            self._resend(member)
-
-    def _resend(self, member: str) -> None:
-        asyncio.ensure_future(send_member(self.node, member))
+            decision_id=uuid.uuid4().hex,
+            node=ctx.name,
+        ).arun(ctx.redis)
+        if decision.resume is not None:
+            await ctx.send([decision.resume])
 
 
 @dataclass
@@ -181,23 +160,18 @@ class ShellGate:
     """Decides the shell commands of one running cell under the turn's policy; each part of
     a composite command separately. Records why a command was refused."""
 
-    node: Node
+    approvals: Approvals
     policy: Policy
     envelope: dict[str, Any]
     timeout: float | None
     refusals: list[str] = field(default_factory=list)
 
     async def __call__(self, cmd: str) -> bool:
-        node, env = self.node, self.envelope
+        ctx, env = self.approvals.ctx, self.envelope
         for part in split_shell(cmd):
             verdict, rule = self.policy.decide("shell", part)
             if verdict == "deny":
-                await emit(
-                    node.redis,
-                    node.keys,
-                    node.settings.stream_maxlen,
-                    [refused_event(env, part, rule)],
-                )
+                await ctx.emit([refused_event(env, part, rule)])
                 self.refusals.append(f"shell command `{part}` was denied by rule {rule}")
                 return False
             if verdict == "ask":
@@ -212,8 +186,8 @@ class ShellGate:
                     scope="cell",
                     corr_id=env["corr_id"],
                 )
-                await node.approvals.open(record, env["parent_corr_id"])
-                decided = await node.approvals.wait(record.id)
+                await self.approvals.open(record, env["parent_corr_id"])
+                decided = await self.approvals.wait(record.id)
                 if decided.status != "approved":
                     why = f": {decided.reason}" if decided.reason else ""
                     self.refusals.append(
@@ -224,16 +198,14 @@ class ShellGate:
 
 
 def apply_policy(
-    turn: Turn, calls: list[ToolCallPart], exec_step_no: int
+    turn: TurnRecord, calls: list[ToolCallPart], execution: StepRef
 ) -> tuple[dict[str, dict[str, str]], list[ApprovalRecord]]:
     """Each call's verdict under the turn's policy, and the requests to open for those that
-    need a human. A deny anywhere opens none: the turn ends rejected."""
+    need a human (each resumes `execution`). A deny anywhere opens none: the turn ends
+    rejected."""
     policy = policy_of(turn.options)
     decisions: dict[str, dict[str, str]] = {}
     requests: list[ApprovalRecord] = []
-    resume = dispatch_member(
-        turn.session_id, turn.agent_id, turn.turn_id, exec_step_no, "execution"
-    )
     for call in calls:
         args = call.args_as_dict()
         kind, subject = action_of(call.tool_name, args)
@@ -247,9 +219,9 @@ def apply_policy(
                 kind=kind,
                 tool_name=call.tool_name,
                 args=args,
-                timeout=turn.approval_timeout,
+                timeout=turn.options.get("approval_timeout"),
                 corr_id=call.tool_call_id,
-                dispatch=resume,
+                dispatch=execution.encode(),
             )
             decisions[call.tool_call_id]["request"] = record.id
             requests.append(record)

@@ -5,22 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actfleet.broker import transitions
 from actfleet.broker.events import KernelRestarted
-from actfleet.broker.state import take_lease, text
-from actfleet.broker.stream import emit
+from actfleet.broker.ids import check_id
+from actfleet.broker.records import AgentRecord
+from actfleet.broker.transitions import text
+from actfleet.workers.context import NodeContext
 
 if TYPE_CHECKING:
     from actfleet.workers.kernel import Kernel
-    from actfleet.workers.node import Node
+    from actfleet.workers.kernel_pool import KernelPool
+
+log = logging.getLogger("actfleet.runtimes")
 
 RESTART_NOTICE = (
     "[actfleet] The kernel was restarted ({reason}): variables, imports and definitions "
-    "from earlier cells are gone; files in the working directory remain where the node did."
+    "from earlier cells are gone, and files written to the working directory may be gone too."
 )
 
 
@@ -48,55 +55,63 @@ class Runtime:
 class Runtimes:
     """The table of this node's runtimes, with their leases."""
 
-    def __init__(self, node: Node, capacity: int):
-        self.node = node
-        self.capacity = capacity
+    def __init__(self, ctx: NodeContext, pool: KernelPool, workdir: Path, capacity: int):
+        self.ctx, self.pool, self.workdir, self.capacity = ctx, pool, workdir, capacity
         self.table: dict[tuple[str, str], Runtime] = {}
+
+    def holds(self, session_id: str, agent_id: str) -> bool:
+        return (session_id, agent_id) in self.table
 
     async def obtain(self, session_id: str, agent_id: str) -> Runtime | str | None:
         """The agent's runtime on this node; or the queue of the live node that holds it;
         or None when this node is full."""
-        node, key = self.node, (session_id, agent_id)
+        ctx, key = self.ctx, (session_id, agent_id)
         if key not in self.table and not await self._make_room():
             return None
-        verdict, other = await take_lease(
-            node.redis,
-            node.keys,
-            session_id=session_id,
-            agent_id=agent_id,
-            node=node.name,
-            boot=node.boot,
-            ttl=node.settings.lease_ttl,
-        )
+        verdict, other = await transitions.take_lease(
+            ctx.keys, session_id, agent_id, node=ctx.name, boot=ctx.boot, ttl=ctx.settings.lease_ttl
+        ).arun(ctx.redis)
         if verdict == "other":
             self.table.pop(key, None)
-            return node.keys.node_queue(other)
+            return ctx.keys.node_queue(other)
         runtime = self.table.get(key)
         if runtime is None:
-            runtime = Runtime(session_id, agent_id, node.workdir / session_id / agent_id)
-            runtime.workdir.mkdir(parents=True, exist_ok=True)
-            agent_key = node.keys.agent(session_id, agent_id)
-            async with node.redis.pipeline(transaction=True) as pipe:
-                pipe.hincrby(agent_key, "epoch", 1)
-                pipe.hmget(agent_key, "released", "active_turn", "parent_agent")
-                pipe.hdel(agent_key, "released")
-                epoch, (released, turn_id, parent), _ = await pipe.execute()
-            runtime.parent_agent = text(parent or "")
-            if epoch > 1:
-                reason = text(released) if released else "its node died"
-                reason = f"{reason}; the agent now runs on node {node.name}"
-                runtime.notice = RESTART_NOTICE.format(reason=reason)
-                restarted = KernelRestarted(
-                    session_id=session_id,
-                    agent_id=agent_id,
-                    turn_id=text(turn_id or ""),
-                    node=node.name,
-                    reason=reason,
-                )
-                await emit(node.redis, node.keys, node.settings.stream_maxlen, [restarted])
-            self.table[key] = runtime
-            runtime.starting = asyncio.ensure_future(node.pool.acquire(runtime.workdir))
+            runtime = await self._make(session_id, agent_id)
         runtime.last_used = time.monotonic()
+        return runtime
+
+    async def _make(self, session_id: str, agent_id: str) -> Runtime:
+        """A new runtime: its working directory (always inside the node's), its agent's
+        epoch counted (above 1, the model is told its kernel restarted), a kernel taken
+        from the pool while the step goes on."""
+        ctx = self.ctx
+        workdir = self.workdir / check_id(session_id, "session id") / check_id(agent_id, "agent id")
+        if not workdir.resolve().is_relative_to(self.workdir.resolve()):
+            raise ValueError(f"working directory {workdir} is outside {self.workdir}")
+        runtime = Runtime(session_id, agent_id, workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        agent_key = ctx.keys.agent(session_id, agent_id)
+        async with ctx.redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(agent_key, "epoch", 1)
+            pipe.hgetall(agent_key)
+            pipe.hdel(agent_key, "released")
+            _, raw, _ = await pipe.execute()
+        agent = AgentRecord.from_hash(raw)
+        runtime.parent_agent = agent.parent_agent
+        if agent.epoch > 1:
+            reason = agent.released or "its node died"
+            reason = f"{reason}; the agent now runs on node {ctx.name}"
+            runtime.notice = RESTART_NOTICE.format(reason=reason)
+            restarted = KernelRestarted(
+                session_id=session_id,
+                agent_id=agent_id,
+                turn_id=agent.active_turn,
+                node=ctx.name,
+                reason=reason,
+            )
+            await ctx.emit([restarted])
+        self.table[(session_id, agent_id)] = runtime
+        runtime.starting = asyncio.ensure_future(self.pool.acquire(runtime.workdir))
         return runtime
 
     async def kernel(self, runtime: Runtime) -> Kernel:
@@ -104,7 +119,7 @@ class Runtimes:
         if runtime.kernel is None:
             if runtime.starting is None:
                 await self._make_room(runtime)
-                runtime.starting = asyncio.ensure_future(self.node.pool.acquire(runtime.workdir))
+                runtime.starting = asyncio.ensure_future(self.pool.acquire(runtime.workdir))
             runtime.kernel = await runtime.starting
         return runtime.kernel
 
@@ -123,40 +138,48 @@ class Runtimes:
         if not idle:
             return False
         victim = min(idle, key=lambda r: r.last_used)
-        await self.release(victim, f"it was evicted to make room on node {self.node.name}")
+        await self.release(victim, f"it was evicted to make room on node {self.ctx.name}")
         return True
 
     def lease_keys(self) -> list[str]:
-        return [self.node.keys.lease(s, a) for s, a in self.table]
+        return [self.ctx.keys.lease(s, a) for s, a in self.table]
 
     async def release(self, runtime: Runtime, why: str) -> None:
-        """Drop a runtime: its kernel stops, its lease and membership go; `why` is what the
-        model is told when the agent next runs."""
-        node = self.node
+        """Drop a runtime: its kernel stops, its lease and membership go, its working
+        directory is removed (unless ACTFLEET_KEEP_WORKDIRS); `why` is what the model is
+        told when the agent next runs."""
+        ctx = self.ctx
         self.table.pop((runtime.session_id, runtime.agent_id), None)
-        await node.redis.hset(
-            node.keys.agent(runtime.session_id, runtime.agent_id), "released", why
-        )
         if runtime.kernel is None and runtime.starting is not None:
             runtime.starting.cancel()
             with contextlib.suppress(BaseException):
                 runtime.kernel = await runtime.starting
         if runtime.kernel is not None:
             await runtime.kernel.shutdown()
-        lease = node.keys.lease(runtime.session_id, runtime.agent_id)
-        if text(await node.redis.get(lease) or "") == f"{node.name}|{node.boot}":
-            await node.redis.delete(lease)
-        await node.redis.srem(
-            node.keys.node_agents(node.name), f"{runtime.session_id}/{runtime.agent_id}"
+        if not ctx.settings.keep_workdirs:
+            await asyncio.to_thread(shutil.rmtree, runtime.workdir, True)
+        lease = ctx.keys.lease(runtime.session_id, runtime.agent_id)
+        async with ctx.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(ctx.keys.agent(runtime.session_id, runtime.agent_id), "released", why)
+            pipe.get(lease)
+            _, holder = await pipe.execute()
+        if text(holder or "") == f"{ctx.name}|{ctx.boot}":
+            await ctx.redis.delete(lease)
+        await ctx.redis.srem(
+            ctx.keys.node_agents(ctx.name), f"{runtime.session_id}/{runtime.agent_id}"
         )
 
     async def reap_idle(self) -> None:
         """Release runtimes idle past `runtime_idle_timeout` that run nothing."""
-        limit = time.monotonic() - self.node.settings.runtime_idle_timeout
+        limit = time.monotonic() - self.ctx.settings.runtime_idle_timeout
         for runtime in list(self.table.values()):
             if runtime.last_used < limit and not runtime.lock.locked():
                 await self.release(runtime, "it was idle too long and was reaped")
 
     async def close(self) -> None:
-        why = f"node {self.node.name} stopped"
-        await asyncio.gather(*(self.release(r, why) for r in list(self.table.values())))
+        why = f"node {self.ctx.name} stopped"
+        results = await asyncio.gather(
+            *(self.release(r, why) for r in list(self.table.values())), return_exceptions=True
+        )
+        for error in (r for r in results if isinstance(r, BaseException)):
+            log.warning("releasing a runtime failed (its lease will expire): %s", error)

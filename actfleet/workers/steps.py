@@ -1,15 +1,17 @@
-"""A turn's bounded steps. A model step is one streamed model request; an execution step
-runs the tool calls of one model response (execution.py); a collect step gathers the
-results of the subagents a response spawned. Each step runs once per step id, and its
-effects (history, events, the turn's progress) are committed atomically with "done"; the
-next step is enqueued after the commit, on this node's queue (affinity)."""
+"""Running a step on this node: route it to its agent's runtime, claim it (the claim
+refuses anything that is not its turn's current step), run it, apply its outcome.
+
+A model step is one streamed model request; an execution step runs the tool calls of one
+model response (execution.py); a collect step hands the subagents' results to the model.
+Each returns an outcome; `outcome.apply` commits it and sends what comes next.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic_ai.messages import (
     ModelRequest,
@@ -17,13 +19,12 @@ from pydantic_ai.messages import (
     SystemPromptPart,
     TextPart,
     ThinkingPart,
-    ToolCallPart,
     ToolReturnPart,
     UserPromptPart,
 )
+from redis.exceptions import RedisError
 
-from actfleet.broker.approvals import dispatch_member
-from actfleet.broker.celery_app import EXECUTION_STEP, MODEL_STEP, step_task
+from actfleet.broker import transitions
 from actfleet.broker.events import (
     CodeAction,
     Event,
@@ -34,8 +35,10 @@ from actfleet.broker.events import (
     ToolCall,
     Usage,
 )
-from actfleet.broker.state import claim_step, step_id, text
-from actfleet.workers.approvals import apply_policy, request_event
+from actfleet.broker.records import StepRef, TurnRecord
+from actfleet.broker.transitions import Advance, End, Outcome, Park, Progress, text
+from actfleet.workers.approvals import Approvals, apply_policy, request_event
+from actfleet.workers.context import NodeContext
 from actfleet.workers.execution import execution_step, output_event
 from actfleet.workers.models import (
     CODE_TOOL,
@@ -48,11 +51,8 @@ from actfleet.workers.models import (
     subagent_tool_definition,
     system_prompt,
 )
-from actfleet.workers.turn import Turn, coalescer, commit, finish, history_of
-
-if TYPE_CHECKING:
-    from actfleet.workers.node import Node
-    from actfleet.workers.runtimes import Runtime
+from actfleet.workers.outcome import apply, history_of, tool_calls
+from actfleet.workers.runtimes import Runtime, Runtimes
 
 log = logging.getLogger("actfleet.steps")
 
@@ -61,119 +61,190 @@ FULL_BACKOFF = 0.5
 PHASES = {"model": "llm_streaming", "execution": "tool_execution", "collect": "subagents"}
 
 
-async def run_step(
-    node: Node, kind: str, session_id: str, agent_id: str, turn_id: str, step_no: int
-) -> None:
-    """Run one step on this node, or send it where it belongs."""
-    args = [session_id, agent_id, turn_id, step_no]
-    runtime = await node.runtimes.obtain(session_id, agent_id)
-    if runtime is None:
-        log.info("node full; %s goes back to the shared queue", turn_id)
-        await asyncio.sleep(FULL_BACKOFF)
-        node.send(step_task(kind), args, node.keys.shared_queue())
-        return
-    if isinstance(runtime, str):
-        node.send(step_task(kind), args, runtime)
-        return
-    sid = step_id(turn_id, step_no, kind)
-    async with runtime.lock:
-        member = dispatch_member(session_id, agent_id, turn_id, step_no, kind)
-        verdict, previous_owner = await claim_step(
-            node.redis, node.keys, sid, node.name, node.boot, member
+class Steps:
+    """The steps this node runs, and how they are cancelled."""
+
+    def __init__(self, ctx: NodeContext, runtimes: Runtimes, approvals: Approvals):
+        self.ctx, self.runtimes, self.approvals = ctx, runtimes, approvals
+        self.running: dict[str, tuple[asyncio.Future[Outcome], str]] = {}
+        """Encoded step -> (its work, its session), for cancellation and the heartbeat."""
+
+    def cancel_session(self, session_id: str) -> None:
+        """Stop this node's running steps of a cancelled session."""
+        for work, session in list(self.running.values()):
+            if session == session_id:
+                work.cancel()
+
+    async def run(self, ref: StepRef) -> None:
+        """Run one step here, or send it where it belongs."""
+        ctx = self.ctx
+        if not self.runtimes.holds(ref.session_id, ref.agent_id) and not await self._current(ref):
+            return
+        runtime = await self.runtimes.obtain(ref.session_id, ref.agent_id)
+        if runtime is None:
+            log.info("node full; %s goes back to the shared queue", ref.encode())
+            await asyncio.sleep(FULL_BACKOFF)
+            ctx.publish(ref, ctx.keys.shared_queue())
+            return
+        if isinstance(runtime, str):
+            ctx.publish(ref, runtime)
+            return
+        async with runtime.lock:
+            claim = await transitions.claim(ctx.keys, ref, ctx.name, ctx.boot).arun(ctx.redis)
+            previous = claim.detail
+            if claim.verdict == "mine" and ref.encode() not in self.running:
+                # Claimed here before, then cut off (a Redis error): run it again; the
+                # kernel is intact, and a call that had started is reported, not re-run.
+                claim = await self._reclaim(ref)
+                previous = ctx.name
+            if claim.verdict == "refused":
+                log.warning("refused step %s: %s", ref.encode(), claim.detail)
+            if claim.turn is None or claim.verdict not in ("ok", "cancel"):
+                return
+            turn = claim.turn
+            if claim.verdict == "cancel":
+                outcome = await self._cancelled(turn, turn.cancel_phase or "between_steps")
+            else:
+                outcome = await self._run_cancellable(runtime, turn, ref, previous)
+            await apply(ctx, turn, ref, outcome)
+
+    async def _current(self, ref: StepRef) -> bool:
+        """Whether the step is its turn's current one (checked before a runtime is made for
+        an agent new to this node; the claim checks it again, atomically)."""
+        ctx = self.ctx
+        fields = await ctx.redis.hmget(ctx.keys.turn(ref.turn_id), "status", "step_no", "step_kind")
+        status, step_no, kind = (text(f) if f is not None else "" for f in fields)
+        if status == "running" and (step_no, kind) == (str(ref.step_no), ref.kind):
+            return True
+        log.warning(
+            "refused step %s: the turn is %s at %s:%s",
+            ref.encode(),
+            status or "unknown",
+            step_no,
+            kind,
         )
-        if verdict != "ok":
-            return
-        async with node.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(node.keys.turn(turn_id))
-            pipe.get(node.keys.cancel(session_id))
-            raw, cancelled_at = await pipe.execute()
-        turn = Turn(session_id, agent_id, turn_id, {text(k): text(v) for k, v in raw.items()})
-        if cancelled_at is not None and float(cancelled_at) >= float(
-            turn.fields.get("created_at", 0)
-        ):
-            await cancel(node, turn, sid, turn.fields.get("cancel_phase") or "between_steps")
-            return
-        work = asyncio.ensure_future(_run(node, runtime, turn, kind, sid, step_no, previous_owner))
-        node.running[work] = session_id
+        return False
+
+    async def _reclaim(self, ref: StepRef) -> transitions.Claim:
+        ctx = self.ctx
+        raw = await ctx.redis.hgetall(ctx.keys.turn(ref.turn_id))
+        turn = TurnRecord.from_hash({**raw, b"turn_id": ref.turn_id}, ref.turn_id)
+        if turn.current != ref or turn.status != "running":
+            return transitions.Claim("refused", f"the turn is {turn.status}", None)
+        return transitions.Claim("ok", ctx.name, turn)
+
+    async def _run_cancellable(
+        self, runtime: Runtime, turn: TurnRecord, ref: StepRef, previous: str
+    ) -> Outcome:
+        work = asyncio.ensure_future(self._run(runtime, turn, ref, previous))
+        self.running[ref.encode()] = (work, ref.session_id)
         try:
-            await asyncio.shield(work)
+            return await asyncio.shield(work)
         except asyncio.CancelledError:
             if not work.cancelled():
                 raise
-            await cancel(node, turn, sid, PHASES[kind])
+            return await self._cancelled(turn, PHASES[ref.kind])
         finally:
-            node.running.pop(work, None)
+            self.running.pop(ref.encode(), None)
+
+    async def _run(
+        self, runtime: Runtime, turn: TurnRecord, ref: StepRef, previous: str
+    ) -> Outcome:
+        try:
+            if ref.kind == "model":
+                return await model_step(self.ctx, runtime, turn, ref)
+            if ref.kind == "execution":
+                kernel = self.runtimes.kernel
+                return await execution_step(
+                    self.ctx, self.approvals, runtime, kernel, turn, ref, previous
+                )
+            return await collect_step(self.ctx, runtime, turn, ref)
+        except (ModelCallError, ModelConfigError) as exc:
+            # One line, secrets stripped; the provider's raw message stays out of the logs.
+            log.warning("step %s: %s", ref.id, exc)
+            return End("failed", error=str(exc))
+        except (asyncio.CancelledError, RedisError):
+            raise  # a Redis outage leaves the step to be sent again, not failed
+        except Exception as exc:
+            log.exception("step %s failed", ref.id)
+            return End("failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _cancelled(self, turn: TurnRecord, phase: str) -> End:
+        """A cancelled turn's end: its pending requests are withdrawn."""
+        reason = "the session was cancelled"
+        await self.approvals.withdraw_turn(turn.session_id, turn.turn_id, reason)
+        return End("cancelled", phase=phase)
 
 
-async def _run(
-    node: Node, runtime: Runtime, turn: Turn, kind: str, sid: str, step_no: int, previous_owner: str
-) -> None:
-    try:
-        if kind == "model":
-            await _model_step(node, runtime, turn, sid, step_no)
-        elif kind == "execution":
-            await execution_step(node, runtime, turn, sid, step_no, previous_owner)
-        else:
-            await _collect_step(node, runtime, turn, sid, step_no)
-    except asyncio.CancelledError:
-        raise
-    except (ModelCallError, ModelConfigError) as exc:
-        # One line, secrets stripped; the provider's raw message stays out of the logs.
-        log.warning("step %s: %s", sid, exc)
-        await finish(node, turn, sid, status="failed", error=str(exc))
-    except Exception as exc:
-        log.exception("step %s failed", sid)
-        await finish(node, turn, sid, status="failed", error=f"{type(exc).__name__}: {exc}")
-
-
-async def cancel(node: Node, turn: Turn, sid: str, phase: str) -> None:
-    """End a cancelled turn: its pending requests are withdrawn, one Cancelled event."""
-    await node.approvals.withdraw_turn(turn.session_id, turn.turn_id, "the session was cancelled")
-    await finish(node, turn, sid, status="cancelled", phase=phase)
-
-
-async def _model_step(node: Node, runtime: Runtime, turn: Turn, sid: str, step_no: int) -> None:
-    history = await history_of(node, runtime)
-    rounds = int(turn.fields.get("rounds", 0))
+async def model_step(ctx: NodeContext, runtime: Runtime, turn: TurnRecord, ref: StepRef) -> Outcome:
+    history = await history_of(ctx, runtime)
     max_turns = turn.options.get("max_turns")
-    if max_turns is not None and rounds >= max_turns:
-        await finish(
-            node,
-            turn,
-            sid,
-            status="finished",
-            reason="max_turns",
-            response=turn.fields.get("last_text", ""),
-        )
-        return
+    if max_turns is not None and turn.rounds >= max_turns:
+        return End("finished", reason="max_turns", response=turn.last_text)
     added: list[Any] = []
-    if step_no == 1:
+    if ref.step_no == 1:
         parts: list[Any] = []
         if not history:
             parts.append(SystemPromptPart(content=system_prompt(str(runtime.workdir))))
-        parts.append(UserPromptPart(content=turn.fields["prompt"]))
+        parts.append(UserPromptPart(content=turn.prompt))
         added.append(ModelRequest(parts=parts))
-    env = turn.envelope(node.name, f"{turn.turn_id}:{step_no}")
-    chunks = coalescer(node)
-    model = resolve_model(
-        turn.fields["model"],
-        turn.fields.get("replay") or None,
-        "sub" if turn.is_subagent else "main",
-    )
+    response = await _stream(ctx, runtime, turn, ref, history + added)
+    added.append(response)
+    events, answer = _response_events(ctx, turn, ref, response)
+    calls = tool_calls(response)
+    decisions, requests = apply_policy(turn, calls, ref.next("execution"))
+    events.extend(request_event(r, ctx.name, turn.parent_call) for r in requests)
+    step_usage = {
+        "input_tokens": response.usage.input_tokens,
+        "output_tokens": response.usage.output_tokens,
+        "requests": 1,
+    }
+    events.append(Usage(**turn.envelope(ctx.name, f"{turn.turn_id}:{ref.step_no}"), **step_usage))
+    totals = {k: v + step_usage[k] for k, v in turn.usage().items()}
+    history_items = [dump_message(m) for m in added]
+    if not calls:
+        return End(
+            "finished",
+            reason="completed",
+            response=answer,
+            history=history_items,
+            events=events,
+            usage=totals,
+        )
+    progress = Progress(usage=totals, decisions=decisions, last_text=answer)
+    if requests:
+        # Parked: the last decision resumes the turn (lua/decide.lua).
+        return Park("execution", len(requests), history_items, events, requests, progress)
+    return Advance("execution", history_items, events, progress)
+
+
+async def _stream(
+    ctx: NodeContext, runtime: Runtime, turn: TurnRecord, ref: StepRef, messages: list[Any]
+) -> ModelResponse:
+    """One streamed model request; thinking and text chunks go to the stream as they come."""
+    env = turn.envelope(ctx.name, f"{turn.turn_id}:{ref.step_no}")
+    chunks = ctx.coalescer()
+    model = resolve_model(turn.model, turn.replay or None, "sub" if turn.is_subagent else "main")
     tools = [code_tool_definition()]
     if not turn.is_subagent:
         tools.append(subagent_tool_definition())
-    response: ModelResponse = await stream_response(
+    response = await stream_response(
         model,
-        history + added,
+        messages,
         tools,
         on_thinking=lambda t: chunks.add(ThoughtsChunk(**env, content=t), t),
         on_text=lambda t: chunks.add(ResponseChunk(**env, content=t), t),
-        timeout=node.settings.model_timeout,
+        timeout=ctx.settings.model_timeout,
     )
     await chunks.flush()
-    added.append(response)
+    return response
 
+
+def _response_events(
+    ctx: NodeContext, turn: TurnRecord, ref: StepRef, response: ModelResponse
+) -> tuple[list[Event], str]:
+    """The events of a model response (thoughts, answer, each call), and its answer."""
+    env = turn.envelope(ctx.name, f"{turn.turn_id}:{ref.step_no}")
     events: list[Event] = []
     thoughts = "".join(p.content for p in response.parts if isinstance(p, ThinkingPart))
     answer = "".join(p.content for p in response.parts if isinstance(p, TextPart))
@@ -181,76 +252,26 @@ async def _model_step(node: Node, runtime: Runtime, turn: Turn, sid: str, step_n
         events.append(Thoughts(**env, content=thoughts))
     if answer:
         events.append(Response(**env, content=answer))
-    calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
-    for call in calls:
-        call_env = turn.envelope(node.name, call.tool_call_id)
+    for call in tool_calls(response):
+        call_env = turn.envelope(ctx.name, call.tool_call_id)
         if call.tool_name == CODE_TOOL:
             events.append(CodeAction(**call_env, code=str(call.args_as_dict().get("code", ""))))
         else:
             events.append(ToolCall(**call_env, tool_name=call.tool_name, args=call.args_as_dict()))
-    decisions, requests = apply_policy(turn, calls, step_no + 1)
-    parent_corr = turn.fields.get("parent_corr_id", "")
-    events.extend(request_event(r, node.name, parent_corr) for r in requests)
-    step_usage = {
-        "input_tokens": response.usage.input_tokens,
-        "output_tokens": response.usage.output_tokens,
-        "requests": 1,
-    }
-    events.append(Usage(**env, **step_usage))
-    totals = {k: v + step_usage[k] for k, v in turn.usage().items()}
-    history_items = [dump_message(m) for m in added]
-    if not calls:
-        await finish(
-            node,
-            turn,
-            sid,
-            status="finished",
-            reason="completed",
-            response=answer,
-            history=history_items,
-            events=events,
-            usage=totals,
-        )
-        return
-    fields: dict[str, Any] = {
-        **totals,
-        "step_no": step_no + 1,
-        "step_kind": "execution",
-        "decisions": json.dumps(decisions),
-        "last_text": answer,
-    }
-    if requests:
-        # Parked: no step is sent; the last decision resumes the turn (DECIDE_LUA).
-        fields |= {"status": "parked", "waiting": len(requests)}
-    committed, _, _ = await commit(
-        node,
-        turn,
-        sid,
-        history=history_items,
-        events=events,
-        fields=fields,
-        terminal=False,
-        requests=[r.to_json() for r in requests],
-    )
-    if committed and not requests:
-        node.send(
-            EXECUTION_STEP, [turn.session_id, turn.agent_id, turn.turn_id, step_no + 1], node.queue
-        )
+    return events, answer
 
 
-async def _collect_step(node: Node, runtime: Runtime, turn: Turn, sid: str, step_no: int) -> None:
+async def collect_step(
+    ctx: NodeContext, runtime: Runtime, turn: TurnRecord, ref: StepRef
+) -> Outcome:
     """All subagents of the previous execution step have reported: hand every call's result
     to the model in the order of the calls."""
-    history = await history_of(node, runtime)
-    calls = [p for p in history[-1].parts if isinstance(p, ToolCallPart)]
-    results_key = node.keys.step_results(step_id(turn.turn_id, step_no - 1, "execution"))
-    recorded = {
-        text(k): json.loads(v)
-        for k, v in (await node.redis.hgetall(results_key)).items()
-        if v != b"started"
-    }
+    history = await history_of(ctx, runtime)
+    spawner = StepRef(ref.session_id, ref.agent_id, ref.turn_id, ref.step_no - 1, "execution")
+    raw = await ctx.redis.hgetall(ctx.keys.step_results(spawner.id))
+    recorded = {text(k): json.loads(v) for k, v in raw.items() if v != b"started"}
     returns, events = [], []
-    for call in calls:
+    for call in tool_calls(history[-1]):
         outcome = recorded.get(call.tool_call_id) or {
             "status": "lost",
             "text": "[actfleet] No result was recorded for this call.",
@@ -261,18 +282,5 @@ async def _collect_step(node: Node, runtime: Runtime, turn: Turn, sid: str, step
             )
         )
         if call.tool_name != CODE_TOOL:
-            events.append(output_event(call, turn.envelope(node.name, call.tool_call_id), outcome))
-    committed, _, _ = await commit(
-        node,
-        turn,
-        sid,
-        history=[dump_message(ModelRequest(parts=returns))],
-        events=events,
-        fields={"step_no": step_no + 1, "step_kind": "model"},
-        terminal=False,
-    )
-    if committed:
-        await node.redis.delete(results_key)
-        node.send(
-            MODEL_STEP, [turn.session_id, turn.agent_id, turn.turn_id, step_no + 1], node.queue
-        )
+            events.append(output_event(call, turn.envelope(ctx.name, call.tool_call_id), outcome))
+    return Advance("model", [dump_message(ModelRequest(parts=returns))], events)

@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import Celery
 
-from actfleet.broker.celery_app import COLLECT_STEP, EXECUTION_STEP, MODEL_STEP
+from actfleet.broker.celery_app import step_task
+from actfleet.broker.records import STEP_KINDS, BadRecord, StepRef
 from actfleet.workers.node import Node
-from actfleet.workers.steps import run_step
+
+log = logging.getLogger("actfleet.tasks")
 
 
 def register(app: Celery, node: Node) -> None:
     """Bind the step tasks of `app` to this node."""
+    for kind in STEP_KINDS:
+        app.task(name=step_task(kind), bind=True)(_runner(node, kind))
 
-    @app.task(name=MODEL_STEP)
-    def model_step(session_id: str, agent_id: str, turn_id: str, step_no: int) -> None:
-        node.call(run_step(node, "model", session_id, agent_id, turn_id, step_no))
 
-    @app.task(name=EXECUTION_STEP)
-    def execution_step(session_id: str, agent_id: str, turn_id: str, step_no: int) -> None:
-        node.call(run_step(node, "execution", session_id, agent_id, turn_id, step_no))
+def _runner(node: Node, kind: str):  # noqa: ANN202 - a Celery task body
+    def run(task: object, *args: object, **kwargs: object) -> None:
+        try:
+            if kwargs or len(args) != 1:
+                raise BadRecord(
+                    f"a step task takes one argument, got {len(args)} and {len(kwargs)} keyword(s)"
+                )
+            ref = StepRef.decode(args[0])
+            if ref.kind != kind:
+                raise BadRecord(f"{ref.encode()} is a {ref.kind} step, sent as a {kind} step")
+        except BadRecord as exc:
+            log.warning("dropping a malformed %s step message: %s", kind, exc)
+            return
+        node.call(node.steps.run(ref))
 
-    @app.task(name=COLLECT_STEP)
-    def collect_step(session_id: str, agent_id: str, turn_id: str, step_no: int) -> None:
-        node.call(run_step(node, "collect", session_id, agent_id, turn_id, step_no))
+    run.__name__ = f"{kind}_step"
+    return run

@@ -1,0 +1,40 @@
+"""Redis clients, made in one place: every client retries lost connections with backoff
+and checks pooled connections' health, so a Redis restart is a pause, not an error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.backoff import ExponentialBackoff
+
+from actfleet.broker.settings import Settings
+
+_BACKOFF_CAP = 0.5
+"""Seconds between retries at most."""
+
+
+def _options(settings: Settings, retry_type: type) -> dict[str, Any]:
+    retries = max(1, int(settings.redis_retry_seconds / _BACKOFF_CAP) + 4)
+    return {
+        "retry": retry_type(ExponentialBackoff(cap=_BACKOFF_CAP, base=0.05), retries),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "health_check_interval": 10,
+        "socket_connect_timeout": 3,
+        "socket_keepalive": True,
+    }
+
+
+def sync_redis(settings: Settings, url: str | None = None) -> redis.Redis:
+    """A synchronous client (the SDK and the CLI)."""
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(url or settings.redis_url, **_options(settings, Retry))
+
+
+def async_redis(settings: Settings, url: str | None = None) -> aioredis.Redis:
+    """An asyncio client (nodes, async SDK readers)."""
+    from redis.asyncio.retry import Retry
+
+    return aioredis.Redis.from_url(url or settings.redis_url, **_options(settings, Retry))

@@ -1,0 +1,51 @@
+"""What a step needs from its node: Redis, key names, settings, the node's name, and how
+to send a step. Steps take this small object instead of the node, so the worker modules
+import each other in one direction only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from actfleet.broker.events import Event
+from actfleet.broker.keys import Keys
+from actfleet.broker.records import StepRef
+from actfleet.broker.settings import Settings
+from actfleet.broker.stream import ChunkCoalescer, emit
+from actfleet.broker.transitions import route
+
+
+@dataclass
+class NodeContext:
+    name: str
+    boot: str
+    settings: Settings
+    redis: Any
+    """The node's asyncio Redis client (retrying, see broker/connection.py)."""
+    publish: Callable[[StepRef, str], None]
+    """Puts a step's message on a queue (Celery)."""
+    keys: Keys = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = Keys(self.settings.key_prefix)
+
+    @property
+    def queue(self) -> str:
+        """This node's own queue."""
+        return self.keys.node_queue(self.name)
+
+    async def send(self, refs: Iterable[StepRef]) -> None:
+        """Send steps to the nodes holding their agents' runtimes (or the shared queue)."""
+        for ref in refs:
+            lease = await self.redis.get(self.keys.lease(ref.session_id, ref.agent_id))
+            self.publish(ref, route(self.keys, lease))
+
+    async def emit(self, events: list[Event]) -> None:
+        await emit(self.redis, self.keys, self.settings.stream_maxlen, events)
+
+    def coalescer(self) -> ChunkCoalescer:
+        s = self.settings
+        return ChunkCoalescer(
+            self.redis, self.keys, s.stream_maxlen, s.chunk_flush_ms, s.chunk_flush_bytes
+        )
