@@ -152,11 +152,10 @@ def test_decision_written_by_a_client_killed_at_once_still_resumes_the_turn(
     script = (
         "import os, sys\n"
         "from actfleet.client import Client\n"
-        "from actfleet.broker.approvals import DECIDE_LUA, decide_args\n"
+        "from actfleet.broker import transitions\n"
         "c = Client(sys.argv[1]); r = c.request(sys.argv[2])\n"
-        "args = decide_args(c.keys, 1000, r, status='approved', args_sha=r.args_sha256,\n"
-        "                   approver='dies', reason='')\n"
-        "c.redis.eval(DECIDE_LUA, 0, *args)\n"
+        "transitions.decide(c.keys, c.settings, r, status='approved',\n"
+        "    args_sha=r.args_sha256, approver='dies', reason='', decision_id='x').run(c.redis)\n"
         "os._exit(9)\n"
     )
     proc = subprocess.run(

@@ -1,4 +1,4 @@
-"""The wire: event codec, Redis-assigned seq, coalesced chunks, resumable reads, turn state."""
+"""The wire: event codec, Redis-assigned seq, coalesced chunks, resumable reads, junk entries."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import redis.asyncio as aioredis
 
 from actfleet.broker import events as ev
 from actfleet.broker.keys import Keys
-from actfleet.broker.state import claim_step, commit_step, submit_turn
 from actfleet.broker.stream import ChunkCoalescer, emit, read_events
 
 KEYS = Keys()
@@ -78,65 +77,19 @@ def test_reading_after_a_cursor_misses_nothing_and_repeats_nothing(redis_url: st
     assert after == everything[600:]
 
 
-def test_a_turn_submitted_while_another_runs_starts_when_it_ends(redis_url: str):
+def test_a_junk_stream_entry_is_read_as_a_notice_between_the_other_events(redis_url: str):
     r = redis.Redis.from_url(redis_url)
-    for turn in ("t1", "t2"):
-        started = ev.TurnStarted(session_id="s", turn_id=turn, prompt=turn, model="m")
-        state = submit_turn(
-            r, KEYS, 1000, turn_id=turn, started=started, now=1.0, fields={"prompt": turn}
-        )
-        assert state == ("started" if turn == "t1" else "queued")
 
-    async def main() -> tuple[bool, str, str]:
+    async def write(content: str) -> None:
         conn = aioredis.Redis.from_url(redis_url)
-        assert await claim_step(conn, KEYS, "t1:1:model", "n", "boot") == ("ok", "")
-        done = ev.TurnFinished(session_id="s", turn_id="t1")
-        result = await commit_step(
-            conn,
-            KEYS,
-            1000,
-            sid="t1:1:model",
-            session_id="s",
-            agent_id="main",
-            turn_id="t1",
-            history=[b"{}"],
-            events=[done],
-            turn_fields={"status": "finished"},
-            terminal=True,
-        )
-        again = await commit_step(
-            conn,
-            KEYS,
-            1000,
-            sid="t1:1:model",
-            session_id="s",
-            agent_id="main",
-            turn_id="t1",
-            history=[b"{}"],
-            events=[done],
-            turn_fields={},
-            terminal=True,
-        )
-        assert again == (False, "", "")
-        await conn.aclose()
-        return result
-
-    assert asyncio.run(main()) == (True, "t2", "")
-    types = [(e.type, e.turn_id) for e in read_events(r, KEYS, "s", follow=False)]
-    assert types == [("TurnStarted", "t1"), ("TurnFinished", "t1"), ("TurnStarted", "t2")]
-    assert r.llen(KEYS.history("s", "main")) == 1
-
-
-def test_a_step_claimed_by_a_live_node_is_busy_and_by_a_dead_one_is_taken_over(redis_url):
-    r = redis.Redis.from_url(redis_url)
-    r.set(KEYS.node("a"), "boot-a")
-
-    async def main() -> None:
-        conn = aioredis.Redis.from_url(redis_url)
-        assert await claim_step(conn, KEYS, "t:2:execution", "a", "boot-a") == ("ok", "")
-        assert await claim_step(conn, KEYS, "t:2:execution", "b", "boot-b") == ("busy", "a")
-        await conn.delete(KEYS.node("a"))
-        assert await claim_step(conn, KEYS, "t:2:execution", "b", "boot-b") == ("ok", "a")
+        await emit(conn, KEYS, 1000, [ev.Response(session_id="s", content=content)])
         await conn.aclose()
 
-    asyncio.run(main())
+    asyncio.run(write("before"))
+    r.xadd(KEYS.stream("s"), {"seq": "7", "e": b"\xc1 not msgpack"})
+    r.xadd(KEYS.stream("s"), {"other": "field"})
+    asyncio.run(write("after"))
+    got = list(read_events(r, KEYS, "s", follow=False))
+    assert [e.type for e in got] == ["Response", "Unreadable", "Unreadable", "Response"]
+    assert [e.content for e in got if isinstance(e, ev.Response)] == ["before", "after"]
+    assert "not msgpack" in got[1].reason and "no event" in got[2].reason

@@ -102,12 +102,13 @@ def _entries_to_events(session_id: str, entries: list[Any]) -> list[Event]:
     events: list[Event] = []
     for stream_id, fields in entries:
         sid = stream_id.decode() if isinstance(stream_id, bytes) else str(stream_id)
+        seq = fields.get(b"seq", b"")
         try:
-            seq = int(fields.get(b"seq", b"0"))
-            events.append(decode(fields[b"e"], seq=seq, stream_id=sid))
-        except (KeyError, ValueError) as exc:
-            reason = str(exc) if not isinstance(exc, KeyError) else f"entry {sid} has no event"
-            events.append(Unreadable(session_id=session_id, agent_id="", id=sid, reason=reason))
+            if b"e" not in fields or not seq.isdigit():
+                raise ValueError(f"stream entry {sid} has no event and seq")
+            events.append(decode(fields[b"e"], seq=int(seq), stream_id=sid))
+        except ValueError as exc:
+            events.append(Unreadable(session_id=session_id, agent_id="", id=sid, reason=str(exc)))
     return events
 
 

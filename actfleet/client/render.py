@@ -75,6 +75,8 @@ class Renderer:
                 pass  # shown by SubagentFinished
             case ev.ToolOutput():
                 c.print(Text(f"{event.tool_name} → {event.content}"))
+            case ev.Unreadable():
+                c.print(Text(f"[unreadable stream entry skipped: {event.reason}]", style="yellow"))
             case ev.KernelRestarted():
                 c.print(Text(f"{who}kernel restarted: {event.reason}", style="yellow"))
             case ev.SubagentStarted():

@@ -134,6 +134,7 @@ class Client:
             replay=replay,
             options=options,
             created_at=now,
+            max_subagents=options.get("max_subagents", TurnRecord.max_subagents),
         )
         state = transitions.submit(self.keys, self.settings, turn, started).run(self.redis)
         if state == "started":
