@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from actfleet.broker.ids import BadId, check_id
 
@@ -202,6 +202,21 @@ class TurnRecord:
         return read_hash(cls, raw, f"turn {turn_id or '?'}")
 
 
+CURRENT_STEP = ("status", "step_no", "step_kind")
+"""The turn fields that name its current step (read with HMGET, see `running_step`)."""
+
+
+def running_step(session_id: str, agent_id: str, turn_id: str, values: list[Any]) -> StepRef | None:
+    """The current step of a running turn from its `CURRENT_STEP` fields, else None."""
+    status, step_no, kind = (_text(v) if v is not None else "" for v in values)
+    if status != "running":
+        return None
+    try:
+        return StepRef.decode(f"{session_id}|{agent_id}|{turn_id}|{step_no}|{kind}")
+    except BadRecord:
+        return None
+
+
 @dataclass(frozen=True)
 class AgentRecord:
     """One agent of a session (`Keys.agent`)."""
@@ -212,6 +227,10 @@ class AgentRecord:
     released: str = ""
     """Why its last runtime was released (told to the model with the restart notice)."""
     parent_agent: str = ""
+
+    ACTIVE_TURN: ClassVar[str] = "active_turn"
+    EPOCH: ClassVar[str] = "epoch"
+    RELEASED: ClassVar[str] = "released"
 
     @classmethod
     def from_hash(cls, raw: dict[Any, Any]) -> AgentRecord:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from actfleet.broker.celery_app import make_celery, send_step
 from actfleet.broker.connection import async_redis
 from actfleet.broker.keys import Keys
-from actfleet.broker.records import BadRecord, StepRef
+from actfleet.broker.records import CURRENT_STEP, AgentRecord, BadRecord, StepRef, running_step
 from actfleet.broker.settings import Settings
 from actfleet.broker.transitions import lease_holder, text
 from actfleet.workers import sweeps
@@ -191,15 +191,13 @@ class Node:
         lease = keys.lease(session_id, agent_id)
         if lease_holder(await redis.get(lease)) == dead:
             await redis.delete(lease)
-        turn_id = await redis.hget(keys.agent(session_id, agent_id), "active_turn")
-        if not turn_id:
-            return
-        fields = await redis.hmget(keys.turn(text(turn_id)), "status", "step_no", "step_kind")
-        if text(fields[0] or "") != "running":
-            return
-        ref = StepRef.decode(
-            f"{session_id}|{agent_id}|{text(turn_id)}|{text(fields[1])}|{text(fields[2])}"
+        turn_id = text(
+            await redis.hget(keys.agent(session_id, agent_id), AgentRecord.ACTIVE_TURN) or ""
         )
+        values = await redis.hmget(keys.turn(turn_id), *CURRENT_STEP) if turn_id else [None] * 3
+        ref = running_step(session_id, agent_id, turn_id, values)
+        if ref is None:
+            return
         log.warning("recovering %s from node %s", ref.encode(), dead)
         self.publish(ref, keys.shared_queue())
 

@@ -92,9 +92,9 @@ class Runtimes:
         workdir.mkdir(parents=True, exist_ok=True)
         agent_key = ctx.keys.agent(session_id, agent_id)
         async with ctx.redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(agent_key, "epoch", 1)
+            pipe.hincrby(agent_key, AgentRecord.EPOCH, 1)
             pipe.hgetall(agent_key)
-            pipe.hdel(agent_key, "released")
+            pipe.hdel(agent_key, AgentRecord.RELEASED)
             _, raw, _ = await pipe.execute()
         agent = AgentRecord.from_hash(raw)
         runtime.parent_agent = agent.parent_agent
@@ -160,7 +160,9 @@ class Runtimes:
             await asyncio.to_thread(shutil.rmtree, runtime.workdir, True)
         lease = ctx.keys.lease(runtime.session_id, runtime.agent_id)
         async with ctx.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(ctx.keys.agent(runtime.session_id, runtime.agent_id), "released", why)
+            pipe.hset(
+                ctx.keys.agent(runtime.session_id, runtime.agent_id), AgentRecord.RELEASED, why
+            )
             pipe.get(lease)
             _, holder = await pipe.execute()
         if text(holder or "") == f"{ctx.name}|{ctx.boot}":

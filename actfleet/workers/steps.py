@@ -35,7 +35,7 @@ from actfleet.broker.events import (
     ToolCall,
     Usage,
 )
-from actfleet.broker.records import StepRef, TurnRecord
+from actfleet.broker.records import CURRENT_STEP, StepRef, TurnRecord, running_step
 from actfleet.broker.transitions import Advance, End, Outcome, Park, Progress, text
 from actfleet.workers.approvals import Approvals, apply_policy, request_event
 from actfleet.workers.context import NodeContext
@@ -112,17 +112,10 @@ class Steps:
         """Whether the step is its turn's current one (checked before a runtime is made for
         an agent new to this node; the claim checks it again, atomically)."""
         ctx = self.ctx
-        fields = await ctx.redis.hmget(ctx.keys.turn(ref.turn_id), "status", "step_no", "step_kind")
-        status, step_no, kind = (text(f) if f is not None else "" for f in fields)
-        if status == "running" and (step_no, kind) == (str(ref.step_no), ref.kind):
+        values = await ctx.redis.hmget(ctx.keys.turn(ref.turn_id), *CURRENT_STEP)
+        if running_step(ref.session_id, ref.agent_id, ref.turn_id, values) == ref:
             return True
-        log.warning(
-            "refused step %s: the turn is %s at %s:%s",
-            ref.encode(),
-            status or "unknown",
-            step_no,
-            kind,
-        )
+        log.warning("refused step %s: it is not its turn's current step", ref.encode())
         return False
 
     async def _reclaim(self, ref: StepRef) -> transitions.Claim:
