@@ -282,10 +282,7 @@ def commit(
         "history": list(outcome.history),
         "events": [encode(stamp(e)) for e in events],
         "fields": {k: str(v) for k, v in fields.items()},
-        "requests": [
-            {k: str(v) for k, v in hash_fields(r).items() if k not in _DECISION_FIELDS}
-            for r in requests
-        ],
+        "requests": [_open_fields(r) for r in requests],
         "report": report,
         "turn_prefix": keys.turn(""),
         "turnstart_prefix": keys.turn_started(""),
@@ -380,22 +377,14 @@ def open_request(
     keys: Keys, settings: Settings, record: ApprovalRecord, event: Event
 ) -> Call[None]:
     """Open a request a running cell waits on, and announce it (see lua/open_request.lua)."""
-    s = record.session_id
     payload = {
-        "record": {k: str(v) for k, v in hash_fields(record).items() if k not in _DECISION_FIELDS},
+        "record": _open_fields(record),
         "event": encode(stamp(event)),
         "maxlen": settings.stream_maxlen,
     }
     return Call(
         "open_request",
-        [
-            keys.approval(record.id),
-            keys.approvals(),
-            keys.approvals(s),
-            keys.approvals_expiry(),
-            keys.seq(s),
-            keys.stream(s),
-        ],
+        _request_keys(keys, record),
         [_pack(payload)],
         lambda reply: None,
     )
@@ -463,7 +452,6 @@ def decide(
         "retention": int(settings.retention),
         "channel": keys.decided(),
     }
-    s = record.session_id
 
     def parse(reply: Any) -> Decision:
         status_, verdict, detail = (text(x) for x in reply)
@@ -472,19 +460,28 @@ def decide(
 
     return Call(
         "decide",
-        [
-            keys.approval(record.id),
-            keys.approvals(),
-            keys.approvals(s),
-            keys.approvals_expiry(),
-            keys.seq(s),
-            keys.stream(s),
-            keys.turn(record.turn_id),
-            keys.dispatch(),
-        ],
+        [*_request_keys(keys, record), keys.turn(record.turn_id), keys.dispatch()],
         [_pack(payload)],
         parse,
     )
+
+
+def _request_keys(keys: Keys, record: ApprovalRecord) -> list[str]:
+    """A request's record, the pending indexes, and its session's stream (seq, stream)."""
+    s = record.session_id
+    return [
+        keys.approval(record.id),
+        keys.approvals(),
+        keys.approvals(s),
+        keys.approvals_expiry(),
+        keys.seq(s),
+        keys.stream(s),
+    ]
+
+
+def _open_fields(record: ApprovalRecord) -> dict[str, str]:
+    """A request's fields as it is opened (no decision yet)."""
+    return {k: str(v) for k, v in hash_fields(record).items() if k not in _DECISION_FIELDS}
 
 
 def expired_reason(record: ApprovalRecord) -> str:
