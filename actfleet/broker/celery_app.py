@@ -23,6 +23,7 @@ def make_celery(settings: Settings) -> Celery:
     """A Celery app on the settings' Redis, configured for bounded, idempotent steps."""
     app = Celery("actfleet", broker=settings.redis_url)
     app.conf.update(
+        broker_transport="actfleet.broker.transport:Transport",
         task_serializer="msgpack",
         accept_content=["msgpack"],
         task_ignore_result=True,
