@@ -8,6 +8,7 @@ from celery import Celery
 from actfleet.broker.keys import Keys
 from actfleet.broker.records import StepRef
 from actfleet.broker.settings import Settings
+from actfleet.broker.transport import DEAD_LETTERS_OPTION
 
 MODEL_STEP = "actfleet.model_step"
 EXECUTION_STEP = "actfleet.execution_step"
@@ -31,7 +32,10 @@ def make_celery(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_default_queue=Keys(settings.key_prefix).shared_queue(),
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout,
+            DEAD_LETTERS_OPTION: Keys(settings.key_prefix).dead_letters(),
+        },
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         worker_send_task_events=settings.task_events,

@@ -5,6 +5,7 @@ process that reaches Redis could stop a node with one malformed message. Here th
 
 from __future__ import annotations
 
+import json
 import logging
 from queue import Empty
 from typing import Any
@@ -15,24 +16,68 @@ from actfleet.broker.dead_letters import KEEP, dead_letter
 
 log = logging.getLogger("actfleet.transport")
 
+DEAD_LETTERS_OPTION = "dead_letters"
+"""The transport option naming the dead-letter list (`Keys.dead_letters()`)."""
+
+
+class Undeliverable(Exception):
+    """kombu or Celery could not make a message of a popped payload."""
+
+    def __init__(self, payload: Any, error: Exception) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.payload = payload
+
 
 class Channel(kombu_redis.Channel):
     def _brpop_read(self, **options: Any) -> bool:
         try:
             return super()._brpop_read(**options)
-        except (Empty, *self.connection_errors):
+        except (Empty, *_io_errors(self.connection_errors)):
             raise
+        except Undeliverable as exc:
+            self.dead_letter(_dumps(exc.payload), f"unreadable message envelope: {exc}")
         except Exception as exc:
-            body = getattr(exc, "doc", "")
-            reason = f"unreadable message envelope: {type(exc).__name__}: {exc}"[:300]
-            log.warning("dead letter from a queue: %s", reason)
-            prefix = self._queue_cycle.items[0] if self._queue_cycle.items else "actfleet"
-            key = f"{str(prefix).split('.', 1)[0]}:deadletters"
-            with self.conn_or_acquire() as client:
-                client.lpush(key, dead_letter("queue", body, reason))
-                client.ltrim(key, 0, KEEP - 1)
+            reason = f"unreadable message envelope: {type(exc).__name__}: {exc}"
+            self.dead_letter(getattr(exc, "doc", ""), reason)
+        return True
+
+    def _receive_one(self, c: Any) -> Any:
+        try:
+            return super()._receive_one(c)
+        except Undeliverable as exc:
+            self.dead_letter(_dumps(exc.payload), f"unreadable broadcast message: {exc}")
             return True
+
+    def dead_letter(self, body: Any, reason: str) -> None:
+        """Keep a message this node could not run, with the reason; log it once."""
+        reason = reason[:300]
+        log.warning("dead letter: %s", reason)
+        key = self.connection.client.transport_options[DEAD_LETTERS_OPTION]
+        with self.conn_or_acquire() as client:
+            client.lpush(key, dead_letter("queue", body, reason))
+            client.ltrim(key, 0, KEEP - 1)
 
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+    def _deliver(self, message: Any, queue: str) -> None:
+        try:
+            super()._deliver(message, queue)
+        except (Empty, *_io_errors(self.connection_errors)):
+            raise
+        except Exception as exc:
+            raise Undeliverable(message, exc) from exc
+
+
+def _io_errors(connection_errors: tuple[type[Exception], ...]) -> tuple[type[Exception], ...]:
+    """kombu counts KeyError as a connection error (it reconnects on one); a KeyError while
+    reading a message means a malformed message, not a lost connection."""
+    return tuple(error for error in connection_errors if error is not KeyError)
+
+
+def _dumps(payload: Any) -> str:
+    try:
+        return json.dumps(payload)
+    except (TypeError, ValueError):
+        return repr(payload)

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from actfleet.broker import transitions
+from actfleet.broker.dead_letters import record_dead_letter
 from actfleet.broker.events import ApprovalDecision, ApprovalRequest
+from actfleet.broker.ids import is_valid_id
 from actfleet.broker.policy import Policy, split_shell
 from actfleet.broker.records import ApprovalRecord, BadRecord, StepRef, TurnRecord
 from actfleet.broker.transitions import DecisionStatus, text
@@ -82,13 +84,8 @@ class Approvals:
             try:
                 await pubsub.subscribe(keys.decided(), keys.cancels())
                 async for message in pubsub.listen():
-                    if message.get("type") != "message":
-                        continue
-                    data = text(message.get("data", b""))[:200]
-                    if text(message.get("channel", b"")) == keys.cancels():
-                        self._on_cancel(data)
-                    elif (waker := self._wakers.get(data)) is not None:
-                        waker.set()
+                    if message.get("type") == "message":
+                        await self._heard(text(message["channel"]), message["data"])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -97,6 +94,24 @@ class Approvals:
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
+
+    async def _heard(self, channel: str, data: bytes) -> None:
+        """One message of the reply channels. It only says where to look: a cancel is
+        acted on once the session's cancel key confirms it; a decision wakes the cell
+        waiting on that request, which reads the record. Junk is dead-lettered."""
+        ctx = self.ctx
+        name = text(data)
+        if not is_valid_id(name):
+            reason = f"not a valid id on the {channel} channel"
+            log.warning("dead letter: %s", reason)
+            await record_dead_letter(ctx.redis, ctx.keys, channel, data, reason)
+        elif channel == ctx.keys.decided():
+            if (waker := self._wakers.get(name)) is not None:
+                waker.set()
+        elif await ctx.redis.exists(ctx.keys.cancel(name)):
+            self._on_cancel(name)
+        else:
+            log.warning("ignoring a cancel of session %s: it was not cancelled", name)
 
     async def record(self, request_id: str) -> ApprovalRecord:
         """A request's record; BadRecord when it is missing or broken."""

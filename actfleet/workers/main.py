@@ -41,6 +41,7 @@ def run_worker(name: str, concurrency: int, kernels: int, loglevel: str = "INFO"
     worker = node.celery.Worker(
         hostname=f"{name}@{socket.gethostname()}",
         pool="threads",
+        consumer_cls="actfleet.workers.consumer:Consumer",
         concurrency=concurrency,
         queues=[node.keys.shared_queue(), node.keys.node_queue(name)],
         loglevel=loglevel,
