@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import redis
@@ -11,6 +11,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse
 
 from actfleet.broker.keys import Keys
 from actfleet.client import Client
+from actfleet.client.export import SessionSnapshot, write_session
 from actfleet.client.render import json_line
 from tests.conftest import cli, write_replay
 
@@ -50,6 +51,7 @@ def test_export_writes_one_freeact_file_per_agent_with_its_history_and_the_event
     for path in [out / "main.jsonl", *sub_files]:
         lines = lines_of(path)
         assert all(line["v"] == 1 and set(line) == {"v", "message", "meta"} for line in lines)
+        assert all(line["meta"]["ts"].endswith("Z") for line in lines)
         stamps = [datetime.fromisoformat(line["meta"]["ts"]) for line in lines]
         assert stamps == sorted(stamps)
         messages = ModelMessagesTypeAdapter.validate_python([line["message"] for line in lines])
@@ -89,3 +91,23 @@ def test_export_refuses_to_overwrite_an_earlier_export_unless_forced(
     assert (out / "events.jsonl").read_text() == "kept\n"
     assert cli(redis_url, "export", session, "-o", str(out), "--force").returncode == 0
     assert lines_of(out / "events.jsonl")[0]["type"] == "TurnStarted"
+
+
+def test_meta_ts_is_the_messages_own_time_in_utc_or_the_export_time_when_it_has_none(
+    tmp_path: Path,
+):
+    response = {"parts": [], "timestamp": "2026-01-02T03:04:05.000006+02:00", "kind": "response"}
+    request = {"parts": [{"content": "hi", "timestamp": "2026-01-02T01:00:00"}], "kind": "request"}
+    untimed = {"parts": [{"content": "hi"}], "timestamp": None, "kind": "request"}
+    history = [json.dumps(m).encode() for m in (request, response, untimed)]
+    before = datetime.now(UTC)
+
+    write_session(SessionSnapshot("s", {"main": history}, []), tmp_path, force=False)
+
+    lines = lines_of(tmp_path / "main.jsonl")
+    assert [line["message"] for line in lines] == [request, response, untimed]
+    assert [line["meta"]["ts"] for line in lines[:2]] == [
+        "2026-01-02T01:00:00Z",
+        "2026-01-02T01:04:05.000006Z",
+    ]
+    assert datetime.fromisoformat(lines[2]["meta"]["ts"]) >= before
