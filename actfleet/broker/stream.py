@@ -96,7 +96,7 @@ class ChunkCoalescer:
             await self._write()
 
 
-def _entries_to_events(session_id: str, entries: list[Any]) -> list[Event]:
+def entries_to_events(session_id: str, entries: list[Any]) -> list[Event]:
     """The events of stream entries; an entry that is not an event becomes `Unreadable`
     (with the reason), so one junk entry never stops a reader."""
     events: list[Event] = []
@@ -131,7 +131,7 @@ def read_events(
             if follow:
                 continue
             return
-        events = _entries_to_events(session_id, reply[0][1])
+        events = entries_to_events(session_id, reply[0][1])
         yield from events
         cursor = events[-1].id
         if not follow and len(events) < 500:
@@ -156,7 +156,7 @@ async def aread_events(
             if follow:
                 continue
             return
-        events = _entries_to_events(session_id, reply[0][1])
+        events = entries_to_events(session_id, reply[0][1])
         for event in events:
             yield event
         cursor = events[-1].id

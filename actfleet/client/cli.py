@@ -1,10 +1,11 @@
-"""The client commands of the `actfleet` CLI: run, submit, watch, demo."""
+"""The client commands of the `actfleet` CLI: run, submit, watch, export, demo."""
 
 from __future__ import annotations
 
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -210,6 +211,44 @@ def watch(
                 renderer.show(event)
     except KeyboardInterrupt:
         pass
+
+
+@app.command()
+def export(
+    session: Annotated[str, typer.Argument(help="The session to write out.")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Directory to write to (default: ./SESSION)."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite files an earlier export wrote there.")
+    ] = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Write a session out as freeact stores sessions: main.jsonl and sub-*.jsonl (one line
+    per model message), plus events.jsonl (as watch --json prints them). Existing files
+    are refused unless --force. Export before ACTFLEET_RETENTION expires the session."""
+    client = _connected(redis_url)
+    try:
+        result = client.export(session, output, force=force)
+    except (ValueError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    for path, count in result.messages.items():
+        print(f"{path}: {count} messages")
+    print(f"{result.events_file}: {result.events} events")
+    if result.first_seq > 1:
+        typer.secho(
+            f"note: the stream was trimmed (ACTFLEET_STREAM_MAXLEN): events before seq "
+            f"{result.first_seq} are gone; the histories are complete",
+            fg="yellow",
+            err=True,
+        )
+    for agent in result.agents_without_messages:
+        typer.secho(
+            f"note: {agent} has no messages (not started yet, or its history expired)",
+            fg="yellow",
+            err=True,
+        )
 
 
 def _options(

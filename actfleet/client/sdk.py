@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -29,6 +29,9 @@ from actfleet.broker.replay import load_replay
 from actfleet.broker.settings import Settings
 from actfleet.broker.stream import aread_events, read_events
 from actfleet.broker.transitions import route, text
+
+if TYPE_CHECKING:
+    from actfleet.client.export import ExportResult
 
 AGENT_OPTIONS = {
     "execution_timeout": float,
@@ -294,6 +297,19 @@ class Client:
         self.ping()
         for ref in transitions.cancel(self.keys, self.settings, session_id).run(self.redis):
             self._send_step(ref)
+
+    def export(
+        self, session_id: str, directory: str | Path | None = None, *, force: bool = False
+    ) -> ExportResult:
+        """Write the session out as freeact stores sessions: `<agent_id>.jsonl` per agent
+        (one `{"v": 1, "message", "meta": {"ts"}}` line per model message) and
+        `events.jsonl`, into `directory` (default `./<session_id>`). Existing files are
+        refused (ExportError, nothing written) unless `force`."""
+        from actfleet.client.export import read_session, write_session
+
+        check_id(session_id, "session id")
+        snapshot = read_session(self.redis, self.keys, session_id)
+        return write_session(snapshot, Path(directory or session_id), force=force)
 
     def output(self, ref: str) -> str:
         """The full output of a truncated cell (`CodeExecutionOutput.output_ref`)."""
