@@ -287,9 +287,15 @@ def approvals(
     console = Renderer().console
     walker = Walker(client, console, approver) if interactive else None
     shown: set[str] = set()
+
+    def unreadable(request_id: str, why: str) -> None:
+        if request_id not in shown:
+            shown.add(request_id)
+            typer.secho(f"warning: skipping request {request_id}: {why}", fg="yellow", err=True)
+
     try:
         while True:
-            for record in client.pending(session):
+            for record in client.pending(session, on_unreadable=unreadable):
                 if walker is not None:
                     if not walker.handle(record):
                         return

@@ -99,6 +99,10 @@ class Steps:
                 previous = ctx.name
             if claim.verdict == "refused":
                 log.warning("refused step %s: %s", ref.encode(), claim.detail)
+            elif claim.verdict == "done":
+                log.info("skipped step %s: it ran already (a duplicate)", ref.encode())
+            elif claim.verdict == "busy":
+                log.info("skipped step %s: node %s runs it", ref.encode(), claim.detail)
             if claim.turn is None or claim.verdict not in ("ok", "cancel"):
                 return
             turn = claim.turn
