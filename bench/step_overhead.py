@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import tempfile
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
+import redis
 from _fleet import Fleet, pct
 
 from actfleet.broker.events import CodeAction, CodeExecutionOutput, TurnFinished
@@ -78,6 +82,39 @@ def run_turn(client: Client, replay: Path) -> tuple[list[float], list[float], fl
     raise AssertionError("unreachable")
 
 
+def command_counts(client: Client) -> Counter[str]:
+    """Calls per Redis command so far (INFO commandstats), without the INFO calls."""
+    stats = client.redis.info("commandstats")
+    counts = Counter({name.removeprefix("cmdstat_"): s["calls"] for name, s in stats.items()})
+    counts["info"] = 0
+    return counts
+
+
+class CommandLog:
+    """Every command Redis runs while open (MONITOR), split into round trips from clients
+    and commands run inside Lua scripts."""
+
+    def __init__(self, client: Client) -> None:
+        self.sent: Counter[str] = Counter()
+        self.scripted: Counter[str] = Counter()
+        self._monitor = client.redis.monitor()
+        self._monitor.__enter__()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(redis.ConnectionError, AttributeError):
+            for command in self._monitor.listen():
+                name = command["command"].split(" ", 1)[0].lower()
+                if name in ("info", "monitor"):
+                    continue
+                (self.scripted if command["client_type"] == "lua" else self.sent)[name] += 1
+
+    def close(self) -> None:
+        self._monitor.__exit__()
+        self._thread.join(5)
+
+
 def main(steps: int, loglevel: str) -> None:
     raw = asyncio.run(raw_cells(steps, warmup=10))
 
@@ -87,7 +124,12 @@ def main(steps: int, loglevel: str) -> None:
     client = Client(fleet.redis_url)
     run_turn(client, write_replay(fleet.dir / "warmup.jsonl", 5))  # imports, first kernel
     fleet.wait_warm("bench-1", 3)  # the warm-up session's kernel and 2 warm ones, idle
+    before = command_counts(client)
     actions, outputs, wall = run_turn(client, write_replay(fleet.dir / "turn.jsonl", steps))
+    commands = command_counts(client) - before
+    log = CommandLog(client)
+    run_turn(client, write_replay(fleet.dir / "monitored.jsonl", steps))
+    log.close()
     client.close()
     fleet.stop()
 
@@ -112,6 +154,18 @@ def main(steps: int, loglevel: str) -> None:
         f"{statistics.median(per_step[:tenth]):.2f} / {statistics.median(per_step[-tenth:]):.2f}"
     )
     print(f"turn wall time at the client: {wall:.2f} s ({wall / steps * 1000:.1f} ms per step)")
+    total = commands.total()
+    top = ", ".join(f"{name} {count / steps:.1f}" for name, count in commands.most_common(8))
+    print(
+        f"Redis commands per step (INFO commandstats around the turn, all clients, heartbeats "
+        f"included): {total / steps:.1f}; per step by command: {top}"
+    )
+    sent, scripted = log.sent.total(), log.scripted.total()
+    top = ", ".join(f"{name} {count / steps:.1f}" for name, count in log.sent.most_common(30))
+    print(
+        f"of which, in a second turn watched with MONITOR: {sent / steps:.1f} sent by clients "
+        f"(round trips) and {scripted / steps:.1f} run inside Lua scripts; sent per step: {top}"
+    )
     overhead = pct(per_step, 50) - pct(raw, 50)
     verdict = "met" if overhead <= TARGET_MS else "MISSED"
     print(
