@@ -13,7 +13,7 @@ import msgpack
 import redis
 
 from actfleet.client import Client
-from tests.conftest import wait_for, write_replay
+from tests.conftest import cli, wait_for, write_replay
 
 
 def envelope(
@@ -106,6 +106,12 @@ def test_every_kind_of_malformed_message_is_dead_lettered_and_the_node_goes_on(
         "undecodable message body",
     ):
         assert fragment in reasons
+
+    listed = cli(redis_url, "dead-letters", "--limit", "100", "--json")
+    assert [json.loads(line) for line in listed.stdout.splitlines()] == letters
+    shown = cli(redis_url, "dead-letters", "-n", "3")
+    assert shown.returncode == 0, shown.stderr
+    assert "malformed model step message" in shown.stdout
 
     replay = write_replay(tmp_path / "r.jsonl", {"code": "print(42)"}, {"text": "canary"})
     client = Client(redis_url)

@@ -8,7 +8,7 @@ from celery import Celery
 from actfleet.broker.keys import Keys
 from actfleet.broker.records import StepRef
 from actfleet.broker.settings import Settings
-from actfleet.broker.transport import DEAD_LETTERS_OPTION
+from actfleet.broker.transport import DEAD_LETTERS_MAX_OPTION, DEAD_LETTERS_OPTION
 
 MODEL_STEP = "actfleet.model_step"
 EXECUTION_STEP = "actfleet.execution_step"
@@ -35,6 +35,7 @@ def make_celery(settings: Settings) -> Celery:
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout,
             DEAD_LETTERS_OPTION: Keys(settings.key_prefix).dead_letters(),
+            DEAD_LETTERS_MAX_OPTION: settings.dead_letters_max,
         },
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,

@@ -7,11 +7,8 @@ import json
 import time
 from typing import Any
 
-from actfleet.broker.keys import Keys
-
 PREVIEW = 300
 """Bytes of a bad message kept (never the whole of a huge one)."""
-KEEP = 10_000
 
 
 def dead_letter(source: str, body: Any, reason: str) -> str:
@@ -28,9 +25,10 @@ def dead_letter(source: str, body: Any, reason: str) -> str:
     )
 
 
-async def record_dead_letter(redis: Any, keys: Keys, source: str, body: Any, reason: str) -> None:
-    """Keep a bad message (asyncio client)."""
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.lpush(keys.dead_letters(), dead_letter(source, body, reason))
-        pipe.ltrim(keys.dead_letters(), 0, KEEP - 1)
-        await pipe.execute()
+def push(client: Any, key: str, entry: str, keep: int) -> Any:
+    """Add an entry to the dead-letter list and trim it to `keep` (sync or asyncio client:
+    returns what the pipeline's `execute` returns)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.lpush(key, entry)
+    pipe.ltrim(key, 0, keep - 1)
+    return pipe.execute()

@@ -12,12 +12,14 @@ from typing import Any
 
 from kombu.transport import redis as kombu_redis
 
-from actfleet.broker.dead_letters import KEEP, dead_letter
+from actfleet.broker.dead_letters import dead_letter, push
 
 log = logging.getLogger("actfleet.transport")
 
 DEAD_LETTERS_OPTION = "dead_letters"
 """The transport option naming the dead-letter list (`Keys.dead_letters()`)."""
+DEAD_LETTERS_MAX_OPTION = "dead_letters_max"
+"""The transport option: how many dead letters are kept."""
 
 
 class Undeliverable(Exception):
@@ -52,10 +54,10 @@ class Channel(kombu_redis.Channel):
         """Keep a message this node could not run, with the reason; log it once."""
         reason = reason[:300]
         log.warning("dead letter: %s", reason)
-        key = self.connection.client.transport_options[DEAD_LETTERS_OPTION]
+        options = self.connection.client.transport_options
         with self.conn_or_acquire() as client:
-            client.lpush(key, dead_letter("queue", body, reason))
-            client.ltrim(key, 0, KEEP - 1)
+            entry = dead_letter("queue", body, reason)
+            push(client, options[DEAD_LETTERS_OPTION], entry, options[DEAD_LETTERS_MAX_OPTION])
 
 
 class Transport(kombu_redis.Transport):

@@ -403,6 +403,29 @@ def cancel(
     print(f"cancelling {session}")
 
 
+@app.command("dead-letters")
+def dead_letters(
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=1, help="How many, newest first.")
+    ] = 20,
+    json_out: Json = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Messages nodes could not read or run (bad queue messages, malformed step arguments,
+    junk on the reply channels, broken records), newest first, with the reason."""
+    entries = _connected(redis_url).dead_letters(limit)
+    for entry in entries:
+        if json_out:
+            print(json_line(entry))
+            continue
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(entry.get("ts") or 0)))
+        print(f"{when}  {entry.get('source', '?')}  {entry.get('reason', '')}")
+        if entry.get("preview"):
+            print(f"    {entry['preview'][:120]!r} ({entry.get('size', '?')} bytes)")
+    if not entries and not json_out:
+        print("no dead letters")
+
+
 @app.command()
 def demo(
     redis_url: RedisUrl = None,

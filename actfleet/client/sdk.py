@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -297,6 +298,20 @@ class Client:
         self.ping()
         for ref in transitions.cancel(self.keys, self.settings, session_id).run(self.redis):
             self._send_step(ref)
+
+    def dead_letters(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest messages nodes could not read or run, each with its source, reason,
+        size, a preview and its time (`ts`); an entry that is itself unreadable says so."""
+        entries = []
+        for raw in self.redis.lrange(self.keys.dead_letters(), 0, limit - 1):
+            try:
+                entry = json.loads(raw)
+                if not isinstance(entry, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                entry = {"source": "?", "reason": f"unreadable dead letter: {exc}", "ts": 0}
+            entries.append(entry)
+        return entries
 
     def export(
         self, session_id: str, directory: str | Path | None = None, *, force: bool = False

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from actfleet.broker import transitions
-from actfleet.broker.dead_letters import record_dead_letter
 from actfleet.broker.events import ApprovalDecision, ApprovalRequest
 from actfleet.broker.ids import is_valid_id
 from actfleet.broker.policy import Policy, split_shell
@@ -103,8 +102,7 @@ class Approvals:
         name = text(data)
         if not is_valid_id(name):
             reason = f"not a valid id on the {channel} channel"
-            log.warning("dead letter: %s", reason)
-            await record_dead_letter(ctx.redis, ctx.keys, channel, data, reason)
+            await ctx.dead_letter(channel, data, reason)
         elif channel == ctx.keys.decided():
             if (waker := self._wakers.get(name)) is not None:
                 waker.set()

@@ -4,16 +4,20 @@ import each other in one direction only."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from actfleet.broker.dead_letters import dead_letter, push
 from actfleet.broker.events import Event
 from actfleet.broker.keys import Keys
 from actfleet.broker.records import StepRef
 from actfleet.broker.settings import Settings
 from actfleet.broker.stream import ChunkCoalescer, emit
 from actfleet.broker.transitions import route
+
+log = logging.getLogger("actfleet.node")
 
 
 @dataclass
@@ -40,6 +44,12 @@ class NodeContext:
         for ref in refs:
             lease = await self.redis.get(self.keys.lease(ref.session_id, ref.agent_id))
             self.publish(ref, route(self.keys, lease))
+
+    async def dead_letter(self, source: str, body: Any, reason: str) -> None:
+        """Keep a message or record that could not be read, with the reason; log it once."""
+        log.warning("dead letter from %s: %s", source, reason)
+        entry = dead_letter(source, body, reason)
+        await push(self.redis, self.keys.dead_letters(), entry, self.settings.dead_letters_max)
 
     async def emit(self, events: list[Event]) -> None:
         await emit(self.redis, self.keys, self.settings.stream_maxlen, events)

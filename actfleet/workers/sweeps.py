@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import time
 
-from actfleet.broker.dead_letters import record_dead_letter
 from actfleet.broker.records import BadRecord, StepRef
 from actfleet.broker.transitions import text
 from actfleet.workers.approvals import Approvals
@@ -36,7 +35,7 @@ async def redispatch(ctx: NodeContext, running: set[str]) -> None:
             ref = StepRef.decode(member)
         except BadRecord as exc:
             await ctx.redis.zrem(dispatch, member)
-            await record_dead_letter(ctx.redis, ctx.keys, dispatch, member, str(exc))
+            await ctx.dead_letter(dispatch, member, str(exc))
             continue
         await ctx.redis.zadd(dispatch, {ref.encode(): now}, xx=True)
         log.info("sending %s again: nothing progressed it", ref.encode())
@@ -63,8 +62,7 @@ async def _drop_broken_request(ctx: NodeContext, request_id: str, reason: str) -
     removed = await ctx.redis.zrem(ctx.keys.approvals_expiry(), request_id)
     await ctx.redis.zrem(ctx.keys.approvals(), request_id)
     if removed:
-        log.warning("approval request %s is unreadable (%s); dropped", request_id, reason)
-        await record_dead_letter(ctx.redis, ctx.keys, ctx.keys.approval(request_id), b"", reason)
+        await ctx.dead_letter(ctx.keys.approval(request_id), b"", reason)
 
 
 async def pump_children(ctx: NodeContext) -> None:
@@ -76,7 +74,7 @@ async def pump_children(ctx: NodeContext) -> None:
             await start_children(ctx, session_id, parent, int(cap))
         except (ValueError, BadRecord) as exc:
             await ctx.redis.srem(ctx.keys.pumps(), member)
-            await record_dead_letter(ctx.redis, ctx.keys, ctx.keys.pumps(), member, str(exc))
+            await ctx.dead_letter(ctx.keys.pumps(), member, str(exc))
 
 
 async def prune_sessions(ctx: NodeContext) -> None:

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import logging
 
 from celery import Celery
 
 from actfleet.broker.celery_app import step_task
-from actfleet.broker.dead_letters import record_dead_letter
 from actfleet.broker.records import STEP_KINDS, BadRecord, StepRef
 from actfleet.workers.node import Node
-
-log = logging.getLogger("actfleet.tasks")
 
 
 def register(app: Celery, node: Node) -> None:
@@ -33,9 +29,8 @@ def _runner(node: Node, kind: str):  # noqa: ANN202 - a Celery task body
                 raise BadRecord(f"{ref.encode()} is a {ref.kind} step, sent as a {kind} step")
         except BadRecord as exc:
             reason = f"malformed {kind} step message: {exc}"
-            log.warning("dead letter: %s", reason)
             body = json.dumps([args, kwargs], default=repr)
-            node.call(record_dead_letter(node.ctx.redis, node.keys, "step", body, reason))
+            node.call(node.ctx.dead_letter("step", body, reason))
             return
         node.call(node.steps.run(ref))
 
