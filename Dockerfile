@@ -24,7 +24,7 @@ ENV PYTHONUNBUFFERED=1 \
 # running steps can finish), and orphaned processes of kernels' `!cmd`s are reaped.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends tini \
+    && apt-get install -y --no-install-recommends tini bubblewrap util-linux \
     && rm -rf /var/lib/apt/lists/*
 
 # Non-editable install of the project (dependencies come from pyproject.toml).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -72,11 +73,11 @@ class Fleet:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("redis-server is not on PATH (Debian: apt-get install redis-server)")
-        port = free_port()
+        port, password = free_port(), secrets.token_urlsafe(24)
         args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", str(self.dir)]
+        args += ["--appendonly", "no", "--dir", str(self.dir), "--requirepass", password]
         self.procs["redis"] = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-        client = redis.Redis(port=port)
+        client = redis.Redis(port=port, password=password)
 
         def answers() -> bool:
             try:
@@ -86,7 +87,7 @@ class Fleet:
 
         wait_for(answers, 10, "redis-server to answer")
         client.close()
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
         return self.redis_url
 
     def start_worker(

@@ -34,4 +34,6 @@ if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
 fi
 
 command -v redis-server >/dev/null || { echo "installing redis-server ..."; apt_install redis-server; }
+# Kernels run in a bubblewrap sandbox (docs/security.md); prlimit and setpriv are util-linux.
+command -v bwrap >/dev/null || { echo "installing bubblewrap ..."; apt_install bubblewrap; }
 export PATH="$VENV/bin:$PATH"

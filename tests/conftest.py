@@ -86,6 +86,12 @@ class Fleet:
             pytest.fail(f"node {name} exited with {proc.returncode}:\n{self.log(name)}")
         return bool(self.redis.exists(f"actfleet:node:{name}"))
 
+    def agent_file(self, session_id: str, name: str, agent_id: str = "main") -> Path:
+        """A file in the agent's working directory, on whichever node holds it (kernels are
+        sandboxed: the working directory is the only place a cell writes that a test sees)."""
+        found = sorted(self.workdir.glob(f"*/{session_id}/{agent_id}/{name}"))
+        return found[0] if found else self.workdir / "nowhere" / name
+
     def log(self, name: str) -> str:
         return (self.workdir / f"{name}.log").read_text(errors="replace")[-5000:]
 

@@ -41,14 +41,13 @@ def refused(fleet, ref: StepRef) -> bool:
     return f"refused step {ref.encode()}" in log or f"skipped step {ref.encode()}" in log
 
 
-def marking_cell(mark: Path) -> dict:
-    return {"code": f"open({str(mark)!r}, 'a').write('ran\\n')"}
+MARKING_CELL = {"code": "open('mark', 'a').write('ran\\n')"}
+"""Leaves a line in the agent's working directory each time it runs."""
 
 
 def test_a_duplicate_of_a_parked_turns_execution_step_runs_nothing(fleet, tmp_path: Path):
     client = Client(fleet.redis_url)
-    mark = tmp_path / "mark"
-    replay = write_replay(tmp_path / "r.jsonl", marking_cell(mark), {"text": "done"})
+    replay = write_replay(tmp_path / "r.jsonl", MARKING_CELL, {"text": "done"})
     handle = client.submit("go", model=f"replay:{replay}", approval="ask")
     request = first(client, handle.session_id, ev.ApprovalRequest)
     parked = turn(fleet.redis, handle.turn_id)
@@ -56,18 +55,17 @@ def test_a_duplicate_of_a_parked_turns_execution_step_runs_nothing(fleet, tmp_pa
     duplicate = StepRef(handle.session_id, "main", handle.turn_id, parked.step_no, "execution")
     client._send_step(duplicate)
     wait_for(lambda: refused(fleet, duplicate), 30, "the node to refuse the duplicate")
-    assert not mark.exists()
+    assert not fleet.agent_file(handle.session_id, "mark").exists()
     assert client.request(request.request_id).status == "pending"
 
     client.approve(request.request_id, args_sha256=request.args_sha256, approver="t")
     assert client.wait(handle, timeout=60).response == "done"
-    assert mark.read_text() == "ran\n"
+    assert fleet.agent_file(handle.session_id, "mark").read_text() == "ran\n"
 
 
 def test_a_step_sent_for_a_finished_turn_changes_nothing(fleet, tmp_path: Path):
     client = Client(fleet.redis_url)
-    mark = tmp_path / "mark"
-    replay = write_replay(tmp_path / "r.jsonl", marking_cell(mark), {"text": "done"})
+    replay = write_replay(tmp_path / "r.jsonl", MARKING_CELL, {"text": "done"})
     handle = client.submit("go", model=f"replay:{replay}", approval="auto")
     assert client.wait(handle, timeout=60).response == "done"
     ended = turn(fleet.redis, handle.turn_id)
@@ -81,7 +79,7 @@ def test_a_step_sent_for_a_finished_turn_changes_nothing(fleet, tmp_path: Path):
     for ref in forged:
         wait_for(lambda ref=ref: refused(fleet, ref), 30, f"the node to refuse {ref.encode()}")
     assert turn(fleet.redis, handle.turn_id) == ended
-    assert mark.read_text() == "ran\n"
+    assert fleet.agent_file(handle.session_id, "mark").read_text() == "ran\n"
     events = list(client.events(handle.session_id, follow=False))
     assert sum(isinstance(e, ev.TurnFinished | ev.TurnFailed) for e in events) == 1
 

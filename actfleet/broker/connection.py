@@ -38,3 +38,26 @@ def async_redis(settings: Settings, url: str | None = None) -> aioredis.Redis:
     from redis.asyncio.retry import Retry
 
     return aioredis.Redis.from_url(url or settings.redis_url, **_options(settings, Retry))
+
+
+def open_to_anyone(url: str) -> bool:
+    """Whether the Redis at `url` answers a client that gives no credentials (then any
+    process that reaches its port, a kernel with network included, can use it)."""
+    pool = redis.Redis.from_url(url).connection_pool
+    anonymous = {
+        k: v for k, v in pool.connection_kwargs.items() if k not in ("username", "password")
+    }
+    client = redis.Redis(
+        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **anonymous)
+    )
+    try:
+        client.ping()
+    except redis.AuthenticationError:
+        return False
+    except redis.ResponseError as exc:
+        if str(exc).startswith(("NOAUTH", "NOPERM")):
+            return False
+        raise
+    finally:
+        client.close()
+    return True

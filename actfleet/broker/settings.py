@@ -56,6 +56,20 @@ class Settings:
     fails: a Redis restart shorter than this loses nothing."""
     dead_letters_max: int = 10_000
     """Dead letters kept (newest first)."""
+    sandbox: bool = True
+    """Run kernels in a bubblewrap sandbox (docs/security.md); off only by --no-sandbox."""
+    kernel_network: str = "full"
+    """A kernel's network: full (the host's) or none (a loopback of its own)."""
+    kernel_memory: int = 4 * 1024**3
+    """Bytes of address space a kernel process may map (0: no limit)."""
+    kernel_procs: int = 256
+    """Processes a kernel may run at once (0: no limit)."""
+    kernel_files: int = 1024
+    """Files a kernel process may hold open (0: no limit)."""
+    kernel_file_size: int = 1024**3
+    """Bytes a file a kernel writes may reach (0: no limit)."""
+    kernel_uid_base: int = 200_000
+    """A node running as root runs each kernel as its own uid from here up."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

@@ -3,6 +3,7 @@ machine's shared Redis, and gone when the block ends."""
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import socket
 import subprocess
@@ -26,13 +27,16 @@ def free_port() -> int:
 
 @contextmanager
 def private_redis(databases: int = 16) -> Iterator[str]:
-    """Start redis-server (no persistence) on a free port; yields its URL without a db."""
+    """Start redis-server (no persistence) on a free port, with a fresh password (kernels
+    must not be able to use it; docs/security.md); yields its URL, password included,
+    without a db."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RedisServerMissing(
             "redis-server is not on PATH; install it (Debian: apt-get install -y redis-server)"
         )
     port = free_port()
+    password = secrets.token_urlsafe(24)
     with tempfile.TemporaryDirectory(prefix="actfleet-redis-") as workdir:
         proc = subprocess.Popen(
             [
@@ -49,12 +53,14 @@ def private_redis(databases: int = 16) -> Iterator[str]:
                 workdir,
                 "--databases",
                 str(databases),
+                "--requirepass",
+                password,
             ],
             stdout=subprocess.DEVNULL,
         )
-        url = f"redis://127.0.0.1:{port}"
+        url = f"redis://:{password}@127.0.0.1:{port}"
         try:
-            _wait_until_it_answers(proc, redis.Redis(port=port))
+            _wait_until_it_answers(proc, redis.Redis(port=port, password=password))
             yield url
         finally:
             proc.terminate()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import os
 import re
@@ -32,7 +33,8 @@ from jupyter_client.manager import AsyncKernelManager
 
 from actfleet.broker.settings import Settings
 from actfleet.broker.settings import settings as current_settings
-from actfleet.workers.shell_approvals import ShellApprovals
+from actfleet.workers.sandbox import WORKSPACE, Sandbox, UidSlot
+from actfleet.workers.shell_approvals import APPROVED, REJECTED, init_code, shell_request
 
 __all__ = (
     "CellResult",
@@ -107,17 +109,45 @@ def kernel_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _chown_tree(path: Path, uid: int) -> None:
+    """Give a working directory and everything in it to a kernel's uid."""
+    os.chown(path, uid, uid, follow_symlinks=False)
+    for parent, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(parent, name), uid, uid, follow_symlinks=False)
+
+
 def _is_secret(name: str) -> bool:
     upper = name.upper()
     return upper.startswith(_SECRET_PREFIXES) or any(word in upper for word in _SECRET_WORDS)
 
 
-class KernelProcess:
-    """One ipykernel process, its IPC sockets and connection file in a private directory."""
+_IPC_PATH_MAX = 100
+"""Characters of a socket path (the kernel's is its directory plus `ipc-N`): below the
+107 of sockaddr_un."""
 
-    def __init__(self, directory: Path) -> None:
+
+class _Manager(AsyncKernelManager):
+    """jupyter_client's manager, starting the kernel under a command prefix (the sandbox)."""
+
+    prefix: list[str] = []
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        return [*self.prefix, *super().format_kernel_cmd(extra_arguments)]
+
+
+class KernelProcess:
+    """One ipykernel process, its IPC sockets and connection file in a private directory,
+    confined by `sandbox` when given. A sandboxed process has an empty workspace of its own
+    (`adopt` makes it an agent's working directory)."""
+
+    def __init__(self, directory: Path, workspace: Path | None, sandbox: Sandbox | None) -> None:
         self.directory = directory
-        self.manager = AsyncKernelManager(
+        self.sandbox = sandbox
+        self.workspace = workspace
+        self._adopted = False
+        self._uid = UidSlot(sandbox.uid_base) if sandbox and os.geteuid() == 0 else None
+        self.manager = _Manager(
             transport="ipc",
             ip=str(directory / "ipc"),
             connection_file=str(directory / "connection.json"),
@@ -125,17 +155,48 @@ class KernelProcess:
             context=zmq.asyncio.Context.instance(),
         )
         self.manager.write_connection_file()  # so the client knows the sockets before launch
+        if sandbox is not None and workspace is not None:
+            uid = self._uid.uid if self._uid else None
+            self.manager.prefix = sandbox.command(directory, workspace, [], uid)
+            # A SIGINT to the process group would reach bubblewrap too and end the kernel;
+            # an interrupt_request on the control channel interrupts the kernel alone.
+            self.manager.kernel_spec.interrupt_mode = "message"
+            if uid is not None:
+                for path in (directory, workspace, directory / "connection.json"):
+                    os.chown(path, uid, uid)
         self.client: AsyncKernelClient = self.manager.client(context=self.manager.context)
 
     @classmethod
-    async def launch(cls, env: Mapping[str, str], *, timeout: float) -> KernelProcess:
-        """Start a kernel and wait until it answers; kill it if that takes over `timeout` s."""
-        process = cls(Path(tempfile.mkdtemp(prefix="actfleet-kernel-")))
+    async def launch(
+        cls,
+        env: Mapping[str, str],
+        *,
+        timeout: float,
+        sandbox: Sandbox | None = None,
+        root: Path | None = None,
+    ) -> KernelProcess:
+        """Start a kernel and wait until it answers; kill it if that takes over `timeout` s.
+        Its sockets go in the temp dir (a socket's path is short); a sandboxed kernel's
+        workspace goes in `root` (default the temp dir), on the working directories'
+        filesystem so that `adopt` can rename it."""
+        directory = Path(os.path.realpath(tempfile.mkdtemp(prefix="actfleet-k-")))
+        if len(str(directory / "ipc-1")) > _IPC_PATH_MAX:
+            shutil.rmtree(directory)
+            raise KernelStartError(
+                f"the kernel's socket path under {directory.parent} is longer than "
+                f"{_IPC_PATH_MAX} characters; set TMPDIR to a shorter directory"
+            )
+        workspace = None
+        if sandbox is not None:
+            root = root or Path(tempfile.gettempdir())
+            root.mkdir(parents=True, exist_ok=True)
+            workspace = Path(os.path.realpath(tempfile.mkdtemp(prefix="work-", dir=root)))
+        process = cls(directory, workspace, sandbox)
         try:
             async with asyncio.timeout(timeout):
                 await process.manager.start_kernel(env=dict(env), cwd=str(process.directory))
                 # No heartbeat channel: it runs a thread; liveness is polled from the process.
-                process.client.start_channels(stdin=False, hb=False, control=False)
+                process.client.start_channels(stdin=True, hb=False, control=False)
                 await process._handshake()
         except TimeoutError:
             await process.close()
@@ -144,6 +205,33 @@ class KernelProcess:
             await process.close()
             raise
         return process
+
+    def code_dir(self, working_dir: Path) -> Path:
+        """Where code in this process sees `working_dir` once adopted."""
+        return WORKSPACE if self.sandbox is not None else working_dir
+
+    def adopt(self, working_dir: Path) -> None:
+        """Make this process's workspace the agent's working directory: what the directory
+        holds moves in (a restarted or moved agent keeps its files), then the workspace
+        takes its place. Only a sandboxed process needs this: its mount names the
+        workspace's inode, which a rename keeps."""
+        if self.workspace is None:
+            return
+        try:
+            if working_dir.exists():
+                for entry in working_dir.iterdir():
+                    entry.rename(self.workspace / entry.name)
+                working_dir.rmdir()
+            working_dir.parent.mkdir(parents=True, exist_ok=True)
+            self.workspace.rename(working_dir)
+        except OSError as exc:
+            raise KernelStartError(
+                f"cannot move {working_dir} into the kernel's workspace ({exc}); kernels' "
+                "directories and working directories must be on one filesystem"
+            ) from exc
+        self.workspace, self._adopted = working_dir, True
+        if self._uid is not None:
+            _chown_tree(working_dir, self._uid.uid)
 
     async def alive(self) -> bool:
         return await self.manager.is_alive()
@@ -161,6 +249,10 @@ class KernelProcess:
         await self.kill()
         self.client.stop_channels()
         shutil.rmtree(self.directory, ignore_errors=True)
+        if self.workspace is not None and not self._adopted:
+            shutil.rmtree(self.workspace, ignore_errors=True)
+        if self._uid is not None:
+            self._uid.release()
 
     async def _handshake(self) -> None:
         """Wait for a kernel_info reply on shell and a first message on iopub (subscribed)."""
@@ -182,9 +274,10 @@ class Kernel:
 
     def __init__(self, working_dir: Path, launcher: Launcher, settings: Settings) -> None:
         self.working_dir = working_dir
+        self.code_dir = working_dir
+        """Where the kernel's code sees `working_dir` (`/workspace` in a sandbox)."""
         self._launcher = launcher
         self._settings = settings
-        self._approvals = ShellApprovals(self._decide)
         self._process: KernelProcess | None = None
         self._replacing: asyncio.Task[None] | None = None
         self._cell: _Cell | None = None
@@ -206,17 +299,20 @@ class Kernel:
         `kernel_env(env)`.
         """
         settings = settings or current_settings()
+        working_dir = Path(working_dir).resolve()
         if launcher is None:
             launcher = partial(
-                KernelProcess.launch, kernel_env(env), timeout=settings.kernel_start_timeout
+                KernelProcess.launch,
+                kernel_env(env),
+                timeout=settings.kernel_start_timeout,
+                sandbox=Sandbox.of(settings),
+                root=working_dir.parent / ".kernels",
             )
         elif env is not None:
             raise ValueError("pass env to the launcher, not beside it")
-        working_dir = Path(working_dir).resolve()
         working_dir.mkdir(parents=True, exist_ok=True)
         kernel = cls(working_dir, launcher, settings)
         try:
-            await kernel._approvals.start()
             await kernel._replace_process()
         except BaseException:
             await kernel.shutdown()
@@ -249,14 +345,17 @@ class Kernel:
                 out.note(_DIED_IDLE)
             self._cell = cell = _Cell(on_shell)
             # stop_on_error=False: an abandoned erroring cell must not abort the next one.
-            msg_id = process.client.execute(code, allow_stdin=False, stop_on_error=False)
+            msg_id = process.client.execute(code, allow_stdin=True, stop_on_error=False)
+            stdin = asyncio.create_task(self._serve_stdin(process, out))
             finished = False
             try:
                 status = await self._run(process, msg_id, out, cell.clock, timeout)
                 finished = True
             finally:
                 self._cell = None
-                await self._approvals.reject_pending()
+                stdin.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stdin
                 if not finished:  # cancelled, or on_output raised: don't leave the cell running
                     await process.interrupt()
             text = out.text()
@@ -289,7 +388,6 @@ class Kernel:
             if self._process is not None:
                 await self._process.close()
                 self._process = None
-        await self._approvals.close()
 
     async def _run(
         self, process: KernelProcess, msg_id: str, out: _Output, clock: _Clock, timeout: float
@@ -341,9 +439,11 @@ class Kernel:
             await old.close()
         process = await self._launcher()
         try:
+            process.adopt(self.working_dir)
+            self.code_dir = process.code_dir(self.working_dir)
             out = _Output(self._settings.output_cap, None)
             msg_id = process.client.execute(
-                self._approvals.init_code(self.working_dir), store_history=False, allow_stdin=False
+                init_code(self.code_dir), store_history=False, allow_stdin=False
             )
             limit = time.monotonic() + self._settings.kernel_start_timeout
             state = await _until_idle(process, msg_id, out, lambda: limit - time.monotonic())
@@ -377,6 +477,23 @@ class Kernel:
     def _check_open(self) -> None:
         if self._closed:
             raise KernelClosedError("kernel was shut down")
+
+    async def _serve_stdin(self, process: KernelProcess, out: _Output) -> None:
+        """Answer the running cell's stdin requests: a shell hook's approval request is
+        decided; a plain `input()` gets an empty line and a note (nobody types here)."""
+        while True:
+            try:  # polls, so a cancel never lands while a message is being received
+                msg = await process.client.get_stdin_msg(timeout=_POLL)
+            except Empty:
+                continue
+            if msg["msg_type"] != "input_request":
+                continue
+            cmd = shell_request(str(msg["content"].get("prompt", "")))
+            if cmd is None:
+                out.note("input() is not supported: nobody types into this kernel; it got ''")
+                process.client.input("")
+            else:
+                process.client.input(APPROVED if await self._decide(cmd) else REJECTED)
 
     async def _decide(self, cmd: str) -> bool:
         """Approval of a `!cmd` from this kernel: asks the running cell's `on_shell`."""

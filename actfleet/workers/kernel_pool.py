@@ -16,6 +16,7 @@ from pathlib import Path
 from actfleet.broker.settings import Settings
 from actfleet.broker.settings import settings as current_settings
 from actfleet.workers.kernel import Kernel, KernelClosedError, KernelProcess, kernel_env
+from actfleet.workers.sandbox import Sandbox
 
 __all__ = ("KernelPool",)
 
@@ -36,13 +37,18 @@ class KernelPool:
         start_timeout: float = 60.0,
         settings: Settings | None = None,
         env: Mapping[str, str] | None = None,
+        root: Path | None = None,
     ) -> None:
         """`start_timeout` bounds each start once it has its turn; `settings` gives the
-        kernels' cell limits; `env` is added to every kernel's (scrubbed) environment."""
+        kernels' cell limits and sandbox; `env` is added to every kernel's (scrubbed)
+        environment; kernels' directories go in `root` (default: the temp dir), which must
+        be on the working directories' filesystem."""
         self._warm = warm
         self._start_timeout = start_timeout
         self._settings = settings or current_settings()
         self._env = kernel_env(env)
+        self._sandbox = Sandbox.of(self._settings)
+        self._root = root
         self._turns = asyncio.Semaphore(start_concurrency)
         self._ready: deque[KernelProcess] = deque()
         self._waiters: deque[asyncio.Future[KernelProcess]] = deque()
@@ -53,7 +59,11 @@ class KernelPool:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings | None = None, *, env: Mapping[str, str] | None = None
+        cls,
+        settings: Settings | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        root: Path | None = None,
     ) -> KernelPool:
         settings = settings or current_settings()
         return cls(
@@ -62,6 +72,7 @@ class KernelPool:
             start_timeout=settings.kernel_start_timeout,
             settings=settings,
             env=env,
+            root=root,
         )
 
     async def __aenter__(self) -> KernelPool:
@@ -136,7 +147,9 @@ class KernelPool:
     async def _start_one(self) -> None:
         try:
             async with self._turns:
-                process = await KernelProcess.launch(self._env, timeout=self._start_timeout)
+                process = await KernelProcess.launch(
+                    self._env, timeout=self._start_timeout, sandbox=self._sandbox, root=self._root
+                )
         except Exception as error:
             # Fail one waiter rather than retrying a start that may keep failing.
             while self._waiters:

@@ -95,7 +95,7 @@ class Node:
         self.ctx = NodeContext(self.name, uuid.uuid4().hex[:12], self.settings, redis, self.publish)
         self.workdir.mkdir(parents=True, exist_ok=True)
         await self._claim_name()
-        pool = KernelPool.from_settings(self.settings)
+        pool = KernelPool.from_settings(self.settings, root=self.workdir / ".kernels")
         self.runtimes = Runtimes(self.ctx, pool, self.workdir, self.capacity)
         self.approvals = Approvals(self.ctx, on_cancel=lambda s: self.steps.cancel_session(s))
         self.steps = Steps(self.ctx, self.runtimes, self.approvals)

@@ -1,143 +1,132 @@
-"""The bridge that lets `!cmd` inside a kernel ask its node for approval.
+"""How `!cmd` inside a kernel asks its node for approval: over the kernel's own Jupyter
+stdin channel, the channel Jupyter has for a cell that waits on its frontend.
 
-ipybox's kernel init code replaces IPython's shell hooks with ones that call
-`mcpygen.ApprovalRequestor('ipybox', host, port).request_sync('shell', {'cmd': ...})`,
-an HTTP POST to an mcpygen `ToolServer`, which forwards it over a websocket to the
-`ApprovalClient` connected to it and blocks until that client accepts or rejects.
+The kernel's init code replaces IPython's shell hooks (`!cmd`, `!!cmd`, `%%bash`, `%%sh`)
+with ones that call the kernel's `raw_input` with a prompt carrying the command; the node,
+which serves the stdin channel while a cell runs, decides and answers. No TCP port and no
+server are involved, so this works in a sandbox without network, and a request can only
+reach the node that runs the cell. The node only ever answers yes or no: nothing a kernel
+sends makes the node start a process.
 
-Each kernel gets its own `ToolServer` (on 127.0.0.1, a free port) and `ApprovalClient`,
-both running on the node's event loop. The request names no kernel (the server name is
-fixed to `'ipybox'`), so the port a request arrives on is the only sound way to tell
-which kernel asked; it needs no edits to ipybox's generated code, it is what ipybox's own
-`CodeExecutor` does, and it matches the design's runtime (a kernel and its MCP servers
-belong together). A server costs about 0.16 MB and ~20 ms to start, next to ~50 MB and
-~0.6 s per kernel, and it outlives kernel restarts, so it is not wasteful.
-
-The server's `/run` and `/reset` routes are removed: an approval callback cannot tell
-`/approve` from `/run`, so code could otherwise get an approved `cmd` and have the node
-start an arbitrary MCP server command with it. Only `/approve`, `/approval` (the
-client's websocket) and `/status` (the readiness probe) remain.
-
-ipybox's init code is applied unchanged, behind a short prelude that keeps the hooks'
-`from mcpygen import ApprovalRequestor` from importing all of mcpygen (see `_LAZY_MCPYGEN`).
+The guard against `subprocess`, `os.system` and the `exec`/`spawn` family is a convenience
+that turns direct calls into a clear error telling the model to use `!`; it is not a
+security boundary (code can get around it). The sandbox is the boundary (docs/security.md).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import socket
-from collections.abc import Awaitable, Callable
+import json
 from pathlib import Path
 
-from ipybox.kernel_mgr.init import build_init_code
-from mcpygen import ApprovalClient, ApprovalRequest, ToolServer
+__all__ = ("APPROVED", "REJECTED", "init_code", "shell_request")
 
-__all__ = ("Decide", "ShellApprovals")
+PROMPT = "\x1eactfleet-shell\x1e"
+"""Marks a stdin request as a shell-approval request; the JSON `{"cmd": ...}` follows."""
+APPROVED = "approved"
+REJECTED = "rejected"
 
-logger = logging.getLogger(__name__)
+_INIT = """\
+import os as _os
+get_ipython().run_line_magic('colors', 'nocolor')
+for _k in ('CLICOLOR', 'CLICOLOR_FORCE', 'FORCE_COLOR'):
+    _os.environ.pop(_k, None)
+_os.environ.update(TERM='dumb', NO_COLOR='1')
+_os.chdir(CODE_DIR)
 
-Decide = Callable[[str], Awaitable[bool]]
-"""Decides one shell command of a kernel: `True` runs it, `False` rejects it."""
+def _actfleet_restore_cwd(result=None, _cwd=CODE_DIR, _os=_os):
+    try:
+        here = _os.getcwd()
+    except FileNotFoundError:
+        here = None
+    if here != _cwd:
+        _os.chdir(_cwd)
+        print(f'[actfleet] working directory reset to {_cwd}')
+get_ipython().events.register('post_run_cell', _actfleet_restore_cwd)
 
-_HOST = "127.0.0.1"
-_LAZY_MCPYGEN = """\
-import importlib.util as _ilu, sys as _sys
-if 'mcpygen' not in _sys.modules:
-    _spec = _ilu.find_spec('mcpygen')
-    _pkg = _ilu.module_from_spec(_spec)
-    def _getattr(name, _pkg=_pkg, _spec=_spec):
-        if name == 'ApprovalRequestor':
-            from mcpygen.tool_exec.approval.client import ApprovalRequestor
-            return ApprovalRequestor
-        del _pkg.__getattr__
-        _spec.loader.exec_module(_pkg)
-        return getattr(_pkg, name)
-    _pkg.__getattr__ = _getattr
-    _sys.modules['mcpygen'] = _pkg
-    del _spec, _pkg, _getattr
-del _ilu, _sys
+def _actfleet_install_shell_guard():
+    import contextvars, json, os, subprocess
+
+    class ShellCommandRejected(PermissionError):
+        '''The node did not approve this shell command.'''
+
+    ip = get_ipython()
+    allowed = contextvars.ContextVar('actfleet_shell_allowed', default=False)
+
+    def ask(cmd):
+        answer = ip.kernel.raw_input(PROMPT + json.dumps({'cmd': cmd}))
+        if answer != APPROVED:
+            raise ShellCommandRejected(f'shell command was not approved: {cmd}')
+
+    class Namespace(dict):
+        def __missing__(self, key):
+            return '{' + key + '}'
+
+    def approved(run):
+        def hook(cmd, *args, **kwargs):
+            ask(cmd.format_map(Namespace(ip.user_ns)))
+            token = allowed.set(True)
+            try:
+                return run(cmd, *args, **kwargs)
+            finally:
+                allowed.reset(token)
+        return hook
+
+    ip.system = approved(ip.system)
+    ip.getoutput = approved(ip.getoutput)
+    for name in ('bash', 'sh'):
+        magic = ip.find_cell_magic(name)
+        if magic is not None:
+            def cell_magic(line, cell, _magic=magic):
+                ask(cell)
+                token = allowed.set(True)
+                try:
+                    return _magic(line, cell)
+                finally:
+                    allowed.reset(token)
+            ip.register_magic_function(cell_magic, magic_kind='cell', magic_name=name)
+
+    def guarded(function, what):
+        def guard(*args, **kwargs):
+            if not allowed.get():
+                raise RuntimeError(f'Direct {what} calls are not allowed. Use ! syntax.')
+            return function(*args, **kwargs)
+        return guard
+
+    class GuardedPopen(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            if not allowed.get():
+                raise RuntimeError('Direct subprocess calls are not allowed. Use ! syntax.')
+            super().__init__(*args, **kwargs)
+
+    subprocess.Popen = GuardedPopen
+    os.system = guarded(os.system, 'os.system()')
+    for name in dir(os):
+        if name.startswith(('exec', 'spawn', 'posix_spawn')) and callable(getattr(os, name)):
+            setattr(os, name, guarded(getattr(os, name), f'os.{name}()'))
+
+_actfleet_install_shell_guard()
+del _os, _k, _actfleet_restore_cwd, _actfleet_install_shell_guard
 """
-"""Makes the hooks' `from mcpygen import ApprovalRequestor` import only that class's module.
-
-A plain `import mcpygen` also imports its code generator, `mcp` and `jsonschema`: 3.5 s and
-+80 MB per kernel on its first `!cmd` (measured), against 0.4 s and +8 MB for this. Any other
-attribute of the package loads the whole package, as the plain import would.
-"""
-_KEPT_ROUTES = frozenset({"/approve", "/approval", "/status"})
-_SHELL_TOOLS = frozenset({"shell", "shell_magic"})
-"""What ipybox's hooks ask for: `!cmd` (and `!!cmd`) and `%%bash` / `%%sh` cells."""
 
 
-class ShellApprovals:
-    """One kernel's approval endpoint: every `!cmd` request reaching it goes to `decide`."""
-
-    def __init__(self, decide: Decide) -> None:
-        self._decide = decide
-        self._server = ToolServer(
-            host=_HOST,
-            port=_free_port(),
-            approval_required=True,
-            log_to_stderr=True,
-            log_level="WARNING",
-        )
-        self._server.ready_checks, self._server.ready_check_interval = 500, 0.01
-        self._server.app.router.routes[:] = [
-            route
-            for route in self._server.app.router.routes
-            if getattr(route, "path", None) in _KEPT_ROUTES
-        ]
-        self._client = ApprovalClient(self._on_request, host=_HOST, port=self._server.port)
-        self._pending: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        """Start the server and connect its approval client."""
-        await self._server.start()
-        await self._client.connect()
-
-    def init_code(self, working_dir: Path) -> str:
-        """ipybox's kernel init code: cwd restore, the shell guard, and hooks asking this server."""
-        return _LAZY_MCPYGEN + build_init_code(
-            working_dir=working_dir,
-            approve_shell_cmds=True,
-            require_shell_escape=True,
-            tool_server_host=_HOST,
-            tool_server_port=self._server.port,
-        )
-
-    async def reject_pending(self) -> None:
-        """Reject the requests still being decided (their cell is over) and wait for that."""
-        for task in self._pending:
-            task.cancel()
-        await asyncio.gather(*self._pending, return_exceptions=True)
-
-    async def close(self) -> None:
-        await self.reject_pending()
-        await self._client.disconnect()
-        await self._server.stop()
-
-    async def _on_request(self, request: ApprovalRequest) -> None:
-        # ApprovalClient awaits this before reading its next message, so decide in a task.
-        if request.tool_name not in _SHELL_TOOLS:
-            await request.reject()
-            return
-        task = asyncio.create_task(self._answer(request, str(request.tool_args.get("cmd", ""))))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _answer(self, request: ApprovalRequest, cmd: str) -> None:
-        try:
-            approved = await self._decide(cmd)
-        except asyncio.CancelledError:
-            await request.reject()
-            raise
-        except Exception:
-            logger.exception("shell approval callback failed; rejecting %r", cmd)
-            approved = False
-        await (request.accept() if approved else request.reject())
+def init_code(code_dir: Path) -> str:
+    """The code run in every fresh kernel process: working directory (kept across cells),
+    plain-text output, and the shell hooks asking over the stdin channel."""
+    constants = {"CODE_DIR": str(code_dir), "PROMPT": PROMPT, "APPROVED": APPROVED}
+    code = _INIT
+    for name, value in constants.items():
+        code = code.replace(name, repr(value))
+    return code
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((_HOST, 0))
-        return sock.getsockname()[1]
+def shell_request(prompt: str) -> str | None:
+    """The command of a stdin request made by the shell hooks; `None` for any other
+    request (a plain `input()` in the cell)."""
+    if not prompt.startswith(PROMPT):
+        return None
+    try:
+        request = json.loads(prompt[len(PROMPT) :])
+    except ValueError:
+        return None
+    cmd = request.get("cmd") if isinstance(request, dict) else None
+    return cmd if isinstance(cmd, str) else None

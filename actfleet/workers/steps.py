@@ -53,6 +53,7 @@ from actfleet.workers.models import (
 )
 from actfleet.workers.outcome import apply, history_of, tool_calls
 from actfleet.workers.runtimes import Runtime, Runtimes
+from actfleet.workers.sandbox import WORKSPACE
 
 log = logging.getLogger("actfleet.steps")
 
@@ -182,7 +183,8 @@ async def model_step(ctx: NodeContext, runtime: Runtime, turn: TurnRecord, ref: 
     if ref.step_no == 1:
         parts: list[Any] = []
         if not history:
-            parts.append(SystemPromptPart(content=system_prompt(str(runtime.workdir))))
+            code_dir = WORKSPACE if ctx.settings.sandbox else runtime.workdir
+            parts.append(SystemPromptPart(content=system_prompt(str(code_dir))))
         parts.append(UserPromptPart(content=turn.prompt))
         added.append(ModelRequest(parts=parts))
     response = await _stream(ctx, runtime, turn, ref, history + added)

@@ -1,0 +1,204 @@
+"""The sandbox each kernel runs in: bubblewrap namespaces, an unprivileged uid, rlimits.
+
+A kernel sees its own processes only (PID namespace), a mount view holding the system and
+Python directories read-only, its own directory (IPC sockets, connection file) and its
+workspace read-write, and a private `/tmp` and `/dev/shm`; other sessions' directories,
+other kernels, the node's files and the node's environment are not there. With network
+`none` it has a loopback of its own and nothing else. When the node runs as root the
+kernel runs as a uid of its own (one per kernel, so per-uid limits are per kernel).
+docs/security.md says what this does and does not guarantee.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from actfleet.broker.settings import Settings
+
+Network = Literal["none", "full"]
+NETWORKS: tuple[Network, ...] = ("none", "full")
+WORKSPACE = Path("/workspace")
+"""Where a sandboxed kernel sees its working directory."""
+_SYSTEM_DIRS = ("/usr", "/etc/alternatives", "/etc/ssl", "/etc/ca-certificates")
+_SYSTEM_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/localtime",
+    "/etc/mime.types",
+)
+_UID_SLOTS = 4096
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is missing or cannot create namespaces here; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one kernel (0: none), applied as rlimits."""
+
+    memory: int
+    """Bytes of address space (RLIMIT_AS)."""
+    procs: int
+    """Processes of the kernel's uid (RLIMIT_NPROC)."""
+    files: int
+    """Open files (RLIMIT_NOFILE)."""
+    file_size: int
+    """Bytes a written file may reach (RLIMIT_FSIZE)."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            memory=settings.kernel_memory,
+            procs=settings.kernel_procs,
+            files=settings.kernel_files,
+            file_size=settings.kernel_file_size,
+        )
+
+    def prlimit(self) -> list[str]:
+        """The `prlimit` command prefix setting these limits (soft = hard)."""
+        flags = {
+            "--as": self.memory,
+            "--nproc": self.procs,
+            "--nofile": self.files,
+            "--fsize": self.file_size,
+        }
+        return ["prlimit", *(f"{flag}={value}" for flag, value in flags.items() if value), "--"]
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How this node confines its kernels."""
+
+    network: Network
+    limits: Limits
+    uid_base: int
+    """First uid of the kernels' uids (used when the node runs as root)."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Sandbox:
+        if settings.kernel_network not in NETWORKS:
+            raise SandboxUnavailable(
+                f"ACTFLEET_KERNEL_NETWORK={settings.kernel_network!r}: use none or full"
+            )
+        limits = Limits.from_settings(settings)
+        return cls(settings.kernel_network, limits, settings.kernel_uid_base)
+
+    @classmethod
+    def of(cls, settings: Settings) -> Sandbox | None:
+        """The node's sandbox, or None when the settings turn it off (--no-sandbox)."""
+        return cls.from_settings(settings) if settings.sandbox else None
+
+    def command(
+        self, kernel_dir: Path, workspace: Path, argv: list[str], uid: int | None
+    ) -> list[str]:
+        """bwrap's command line running `argv` confined, `workspace` seen as WORKSPACE and
+        `kernel_dir` at its own path; as `uid` when given (the node is root)."""
+        args = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        args += ["--unshare-cgroup-try", "--hostname", "kernel"]
+        if self.network == "none":
+            args.append("--unshare-net")
+        if os.geteuid() != 0:
+            args.append("--unshare-user")
+        made: set[Path] = {Path("/"), Path("/tmp")}
+        for path in (*_SYSTEM_DIRS, *_SYSTEM_FILES):
+            if os.path.exists(path):
+                args += [*_parents(Path(path), made), "--ro-bind", path, path]
+        for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+            if os.path.islink(link):
+                args += ["--symlink", os.readlink(link), link]
+            elif os.path.isdir(link):
+                args += ["--ro-bind", link, link]
+        for prefix in sorted({sys.prefix, sys.base_prefix, _real_prefix()}):
+            args += [*_parents(Path(prefix), made), "--ro-bind", prefix, prefix]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
+        args += [*_parents(kernel_dir, made), "--bind", str(kernel_dir), str(kernel_dir)]
+        args += ["--bind", str(workspace), str(WORKSPACE), "--chdir", str(WORKSPACE)]
+        args += ["--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp"]
+        # The node is not in the kernel's PID namespace: its pid there means nothing, and
+        # --die-with-parent already ends the kernel with the node.
+        args += ["--unsetenv", "JPY_PARENT_PID"]
+        args += ["--", *self.limits.prlimit()]
+        if uid is not None:
+            args += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+            args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        return [*args, *argv]
+
+
+class UidSlot:
+    """One kernel uid, held (by an flock on this machine) for the kernel's life, so two
+    live kernels never share a uid, whichever node started them."""
+
+    def __init__(self, base: int, lock_dir: Path = Path("/run/actfleet-uids")) -> None:
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        for slot in range(_UID_SLOTS):
+            fd = os.open(lock_dir / str(slot), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = base + slot, fd
+            return
+        raise SandboxUnavailable(f"all {_UID_SLOTS} kernel uids from {base} are in use")
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def check_available(sandbox: Sandbox) -> None:
+    """Raise SandboxUnavailable, saying why and what to do, unless bwrap can confine a
+    process here the way kernels are confined."""
+    for tool in ("bwrap", "prlimit", *(("setpriv",) if os.geteuid() == 0 else ())):
+        if shutil.which(tool) is None:
+            package = {"bwrap": "bubblewrap", "prlimit": "util-linux", "setpriv": "util-linux"}
+            raise SandboxUnavailable(
+                f"{tool} is not installed (Debian: apt-get install -y {package[tool]}); kernels "
+                "run in a bubblewrap sandbox. Install it, or start the node with --no-sandbox "
+                "to run kernels unconfined (docs/security.md)"
+            )
+    probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"actfleet-sandbox-probe-{os.getpid()}"
+    probe.mkdir(exist_ok=True)
+    try:
+        uid = sandbox.uid_base if os.geteuid() == 0 else None
+        cmd = sandbox.command(probe, probe, [sys.executable, "-c", "pass"], uid)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    if result.returncode != 0:
+        raise SandboxUnavailable(
+            f"bubblewrap cannot create the kernels' namespaces here ({result.stderr.strip()}). "
+            "In a container, allow it: Docker needs --security-opt seccomp=unconfined "
+            "--security-opt apparmor=unconfined (or --privileged); Kubernetes needs a "
+            "securityContext with capabilities add [SYS_ADMIN] and seccompProfile Unconfined "
+            "(deploy/kubernetes/worker.yaml). Or start the node with --no-sandbox to run "
+            "kernels unconfined (docs/security.md)"
+        )
+
+
+def _parents(path: Path, made: set[Path]) -> list[str]:
+    """Create `path`'s ancestors not `made` yet, 0755, in the sandbox (bwrap would make
+    them 0700, which an unprivileged kernel could not pass through)."""
+    args: list[str] = []
+    for parent in reversed(path.parents):
+        if parent not in made:
+            made.add(parent)
+            args += ["--perms", "0755", "--dir", str(parent)]
+    return args
+
+
+def _real_prefix() -> str:
+    """The directory of the interpreter the venv's python links to."""
+    return str(Path(os.path.realpath(sys.executable)).parent.parent)
