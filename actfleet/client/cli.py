@@ -430,7 +430,7 @@ def dead_letters(
 def demo(
     redis_url: RedisUrl = None,
 ) -> None:
-    """The main job on a fresh machine: Redis (private if none answers), two worker nodes,
+    """The main job on a fresh machine: a private Redis (unless --redis-url), two worker nodes,
     the bundled example prompts with bundled replay files, live events, a results table."""
     from actfleet.client.demo import run_demo
 

@@ -1,8 +1,9 @@
 """`actfleet demo`: the whole system on one machine, started and stopped by one command.
 
-Uses the configured Redis, or a private redis-server on a free port when none answers;
-starts two worker nodes; submits the bundled example prompts (replayed model responses,
-so no provider key is needed) as one batch; shows every event live; prints a table.
+Starts a private redis-server with a password on a free port (or uses the Redis given by
+--redis-url or ACTFLEET_REDIS_URL); starts two worker nodes with sandboxed kernels; submits
+the bundled example prompts (replayed model responses, so no provider key is needed) as one
+batch; shows every event live; prints a table.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Example:
 def run_demo(redis_url: str | None) -> int:
     console = Console(highlight=False)
     with ExitStack() as stack:
-        url = _redis(redis_url or Settings.from_env().redis_url, console, stack)
+        url = _redis(redis_url, console, stack)
         if url is None:
             return 3
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="actfleet-demo-")))
@@ -60,22 +61,22 @@ def run_demo(redis_url: str | None) -> int:
     return 0
 
 
-def _redis(url: str, console: Console, stack: ExitStack) -> str | None:
-    """The configured Redis when it answers, else a private one we start and stop."""
-    try:
-        redis.Redis.from_url(url, socket_connect_timeout=0.5).ping()
+def _redis(url: str | None, console: Console, stack: ExitStack) -> str | None:
+    """The Redis the user gave, else a private one we start and stop."""
+    if url is not None:
+        try:
+            redis.Redis.from_url(url, socket_connect_timeout=0.5).ping()
+        except redis.RedisError as exc:
+            console.print(f"[red]error:[/] Redis at {url.split('@')[-1]} does not answer ({exc})")
+            return None
         console.print(f"[dim]using Redis at {url.split('@')[-1]}[/]")
         return url
-    except redis.RedisError:
-        pass
     try:
         base = stack.enter_context(private_redis())
     except RedisServerMissing as exc:
-        console.print(
-            f"[red]error:[/] no Redis answers at {url} and {exc}, or set ACTFLEET_REDIS_URL"
-        )
+        console.print(f"[red]error:[/] {exc}, or give a Redis with --redis-url")
         return None
-    console.print(f"[dim]started a private redis-server at {base}[/]")
+    console.print(f"[dim]started a private redis-server at {base.split('@')[-1]}[/]")
     return f"{base}/0"
 
 
