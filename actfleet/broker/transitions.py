@@ -84,9 +84,13 @@ def _step_ttl(settings: Settings) -> int:
 # ---- submit ---------------------------------------------------------------------------
 
 
-def submit(keys: Keys, settings: Settings, turn: TurnRecord, started: Event) -> Call[str]:
+def submit(
+    keys: Keys, settings: Settings, turn: TurnRecord, started: Event, network: str = ""
+) -> Call[str]:
     """Record a turn of a session's agent and start it when the agent is idle. The reply is
-    "started" (its first step is to be sent), "queued" or "exists" (already submitted)."""
+    "started" (its first step is to be sent), "queued", "exists" (already submitted) or
+    "network" (refused: the session's kernel network was set otherwise by its first turn).
+    `network` ("none" or "" for the nodes' own) is kept by a new session only."""
     s, a, t = turn.session_id, turn.agent_id, turn.turn_id
     fields = {k: str(v) for k, v in hash_fields(turn).items()}
     payload = {
@@ -98,6 +102,7 @@ def submit(keys: Keys, settings: Settings, turn: TurnRecord, started: Event) -> 
         "started": encode(stamp(started)),
         "first": StepRef.first(s, a, t).encode(),
         "fields": fields,
+        "network": network,
     }
     return Call(
         "submit",

@@ -52,6 +52,12 @@ MaxSubagents = Annotated[
 MaxTurns = Annotated[
     int | None, typer.Option(min=1, help="Tool-execution rounds before the turn ends.")
 ]
+Network = Annotated[
+    str | None,
+    typer.Option(
+        help="none: a new session's kernels get no network, whatever the nodes allow.",
+    ),
+]
 RedisUrl = Annotated[
     str | None,
     typer.Option(
@@ -98,6 +104,7 @@ def run(
     approval_timeout: ApprovalTimeout = None,
     max_subagents: MaxSubagents = None,
     max_turns: MaxTurns = None,
+    network: Network = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Submit a turn and stream the session's events until it ends. With --approve ask in a
@@ -117,6 +124,7 @@ def run(
             model=model,
             session_id=session,
             approval=approve,
+            network=network,
             **_options(approval_timeout, max_subagents, max_turns),
         )
     except (ValueError, RedisUnavailable) as exc:
@@ -169,6 +177,7 @@ def submit(
     approval_timeout: ApprovalTimeout = None,
     max_subagents: MaxSubagents = None,
     max_turns: MaxTurns = None,
+    network: Network = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Submit a turn and print its session id at once."""
@@ -180,6 +189,7 @@ def submit(
             model=model,
             session_id=session,
             approval=approve,
+            network=network,
             **_options(approval_timeout, max_subagents, max_turns),
         )
     except (ValueError, RedisUnavailable) as exc:

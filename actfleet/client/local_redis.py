@@ -26,17 +26,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def private_redis(databases: int = 16) -> Iterator[str]:
-    """Start redis-server (no persistence) on a free port, with a fresh password (kernels
-    must not be able to use it; docs/security.md); yields its URL, password included,
-    without a db."""
+def private_redis(databases: int = 16, *, password: bool = True) -> Iterator[str]:
+    """Start redis-server (no persistence) on a free port, with a fresh password unless
+    told not to (kernels must not be able to use it; docs/security.md); yields its URL,
+    password included, without a db."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RedisServerMissing(
             "redis-server is not on PATH; install it (Debian: apt-get install -y redis-server)"
         )
     port = free_port()
-    password = secrets.token_urlsafe(24)
+    secret = secrets.token_urlsafe(24) if password else ""
     with tempfile.TemporaryDirectory(prefix="actfleet-redis-") as workdir:
         proc = subprocess.Popen(
             [
@@ -53,14 +53,13 @@ def private_redis(databases: int = 16) -> Iterator[str]:
                 workdir,
                 "--databases",
                 str(databases),
-                "--requirepass",
-                password,
+                *(("--requirepass", secret) if secret else ()),
             ],
             stdout=subprocess.DEVNULL,
         )
-        url = f"redis://:{password}@127.0.0.1:{port}"
+        url = f"redis://:{secret}@127.0.0.1:{port}" if secret else f"redis://127.0.0.1:{port}"
         try:
-            _wait_until_it_answers(proc, redis.Redis(port=port, password=password))
+            _wait_until_it_answers(proc, redis.Redis(port=port, password=secret or None))
             yield url
         finally:
             proc.terminate()

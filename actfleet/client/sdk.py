@@ -102,13 +102,20 @@ class Client:
         model: str,
         session_id: str | None = None,
         approval: str | Policy = "ask",
+        network: str | None = None,
         **agent_options: Any,
     ) -> Handle:
         """Enqueue one turn of the session's main agent (a new session unless `session_id`).
         `approval` is `auto`, `ask` (the default), a rules file's path or a `Policy`.
-        Everything is checked before anything is written."""
+        `network="none"` cuts a new session's kernels (its subagents' too) off the network,
+        whatever the nodes allow. Everything is checked before anything is written."""
         if not prompt.strip():
             raise ValueError("the prompt is empty; say what the agent should do")
+        if network not in (None, "none"):
+            raise ValueError(
+                f"network={network!r}: a submission can only narrow its kernels' network to "
+                "'none' (the nodes' ACTFLEET_KERNEL_NETWORK sets the widest)"
+            )
         if session_id is not None:
             check_id(session_id, "session id")
         check_model_name(model)
@@ -140,7 +147,13 @@ class Client:
             created_at=now,
             max_subagents=options.get("max_subagents", TurnRecord.max_subagents),
         )
-        state = transitions.submit(self.keys, self.settings, turn, started).run(self.redis)
+        call = transitions.submit(self.keys, self.settings, turn, started, network or "")
+        state = call.run(self.redis)
+        if state == "network":
+            raise ValueError(
+                f"session {session_id} keeps the kernel network its first turn gave it; "
+                "start a new session to run with network='none'"
+            )
         if state == "started":
             self._send_step(StepRef.first(session_id, "main", turn_id))
         return Handle(session_id, turn_id)

@@ -414,13 +414,23 @@ class Kernel:
                 )
                 return "restarted"
         if state == "idle" and (reply := await _reply(process, msg_id)) is not None:
+            if out.error_name == "MemoryError" and (limit := self._memory_limit()):
+                out.note(f"The kernel's memory is limited to {limit}.")
             return "error" if out.error or reply["content"]["status"] != "ok" else "ok"
         if self._closed:
             out.note(_SHUT_DOWN)
         else:
             self._replace_in_background()
-            out.note(_DIED)
+            limit = self._memory_limit()
+            out.note(_DIED + (f" (Its memory is limited to {limit}.)" if limit else ""))
         return "died"
+
+    def _memory_limit(self) -> str:
+        """The kernel's memory limit and the setting that makes it, if it has one."""
+        memory = self._settings.kernel_memory
+        if not self._settings.sandbox or not memory:
+            return ""
+        return f"{memory / 1024**2:,.0f} MiB (ACTFLEET_KERNEL_MEMORY={memory})"
 
     async def _live_process(self) -> tuple[KernelProcess, bool]:
         """The process to run the next cell on; `True` if the previous one died while idle."""
@@ -547,6 +557,7 @@ class _Output:
         self._streamed = 0
         self.images: list[bytes] = []
         self.error = False
+        self.error_name = ""
 
     def take(self, msg: dict[str, Any]) -> bool:
         """Record one iopub message of the cell; `True` when it says the kernel is idle."""
@@ -562,7 +573,7 @@ class _Output:
             elif text := data.get("text/plain"):
                 self.write(text + "\n")
         elif kind == "error":
-            self.error = True
+            self.error, self.error_name = True, str(content.get("ename", ""))
             self.write(_ANSI.sub("", "\n".join(content["traceback"])) + "\n")
         return False
 

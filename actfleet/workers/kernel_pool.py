@@ -10,12 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from actfleet.broker.settings import Settings
 from actfleet.broker.settings import settings as current_settings
-from actfleet.workers.kernel import Kernel, KernelClosedError, KernelProcess, kernel_env
+from actfleet.workers.kernel import (
+    Kernel,
+    KernelClosedError,
+    KernelProcess,
+    KernelStartError,
+    kernel_env,
+)
 from actfleet.workers.sandbox import Sandbox
 
 __all__ = ("KernelPool",)
@@ -86,10 +94,20 @@ class KernelPool:
         """Begin warming kernels in the background (returns at once)."""
         self._top_up()
 
-    async def acquire(self, working_dir: Path | str) -> Kernel:
-        """A fresh kernel working in `working_dir`, ipybox's init code applied."""
+    async def acquire(self, working_dir: Path | str, network: str = "") -> Kernel:
+        """A fresh kernel working in `working_dir`. With a `network` other than the pool's
+        ("none" for a session that asked for it) the kernel and its restarts are started
+        for it, not taken warm."""
         self._check_open()
-        kernel = await Kernel.start(working_dir, settings=self._settings, launcher=self._process)
+        launcher: Callable[[], Awaitable[KernelProcess]] = self._process
+        if network and (self._sandbox is None or network != self._sandbox.network):
+            if self._sandbox is None:
+                raise KernelStartError(
+                    f"the session asked for kernel network {network!r}, but this node runs "
+                    "kernels without a sandbox (--no-sandbox) and cannot confine them"
+                )
+            launcher = partial(self._launch, replace(self._sandbox, network=network))
+        kernel = await Kernel.start(working_dir, settings=self._settings, launcher=launcher)
         if self._closed:
             await kernel.shutdown()
             self._check_open()
@@ -144,12 +162,16 @@ class KernelPool:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def _launch(self, sandbox: Sandbox | None) -> KernelProcess:
+        """Start one process, in turn with the other starts."""
+        async with self._turns:
+            return await KernelProcess.launch(
+                self._env, timeout=self._start_timeout, sandbox=sandbox, root=self._root
+            )
+
     async def _start_one(self) -> None:
         try:
-            async with self._turns:
-                process = await KernelProcess.launch(
-                    self._env, timeout=self._start_timeout, sandbox=self._sandbox, root=self._root
-                )
+            process = await self._launch(self._sandbox)
         except Exception as error:
             # Fail one waiter rather than retrying a start that may keep failing.
             while self._waiters:

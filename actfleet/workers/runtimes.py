@@ -44,6 +44,8 @@ class Runtime:
     model step)."""
     parent_agent: str = ""
     """For a subagent: its parent (whose slots this runtime renews)."""
+    network: str = ""
+    """The session's kernel network ("none"), or "" for the node's."""
     notice: str = ""
     """Told to the model with the next execution result (the kernel restarted)."""
     history: list[Any] = field(default_factory=list)
@@ -95,9 +97,11 @@ class Runtimes:
             pipe.hincrby(agent_key, AgentRecord.EPOCH, 1)
             pipe.hgetall(agent_key)
             pipe.hdel(agent_key, AgentRecord.RELEASED)
-            _, raw, _ = await pipe.execute()
+            pipe.hget(ctx.keys.session(session_id), "network")
+            _, raw, _, network = await pipe.execute()
         agent = AgentRecord.from_hash(raw)
         runtime.parent_agent = agent.parent_agent
+        runtime.network = text(network or b"")
         if agent.epoch > 1:
             reason = agent.released or "its node died"
             reason = f"{reason}; the agent now runs on node {ctx.name}"
@@ -111,7 +115,7 @@ class Runtimes:
             )
             await ctx.emit([restarted])
         self.table[(session_id, agent_id)] = runtime
-        runtime.starting = asyncio.ensure_future(self.pool.acquire(runtime.workdir))
+        runtime.starting = asyncio.ensure_future(self.pool.acquire(workdir, runtime.network))
         return runtime
 
     async def kernel(self, runtime: Runtime) -> Kernel:
@@ -119,7 +123,8 @@ class Runtimes:
         if runtime.kernel is None:
             if runtime.starting is None:
                 await self._make_room(runtime)
-                runtime.starting = asyncio.ensure_future(self.pool.acquire(runtime.workdir))
+                kernel = self.pool.acquire(runtime.workdir, runtime.network)
+                runtime.starting = asyncio.ensure_future(kernel)
             runtime.kernel = await runtime.starting
         return runtime.kernel
 

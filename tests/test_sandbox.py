@@ -1,0 +1,258 @@
+"""Probes run from inside kernels, as a hostile cell would: other sessions, the node, Redis,
+the node's secrets and the machine's resources are out of a sandboxed kernel's reach."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from actfleet.broker import events as ev
+from actfleet.client import Client
+from actfleet.client.local_redis import private_redis
+from tests.conftest import Fleet, _next_db, cli, write_replay
+
+SECRET = "sk-test-0123456789-do-not-leak"
+
+PROBE = """
+import json, os
+found = {}
+def probe(name, action):
+    try:
+        found[name] = ["ok", repr(action())[:300]]
+    except Exception as exc:
+        found[name] = ["refused", type(exc).__name__]
+"""
+
+
+def probe_cell(body: str) -> dict:
+    return {"code": PROBE + textwrap.dedent(body) + "\nprint('PROBES', json.dumps(found))"}
+
+
+def run_probes(client: Client, tmp_path: Path, body: str, **submit) -> dict:
+    """Run a probe cell in a new session; what each probe did, by name."""
+    replay = write_replay(tmp_path / f"r{len(list(tmp_path.iterdir()))}.jsonl", probe_cell(body))
+    handle = client.submit("probe", model=f"replay:{replay}", approval="auto", **submit)
+    client.wait(handle, timeout=120)
+    return probes_of(client, handle.session_id)
+
+
+def probes_of(client: Client, session_id: str) -> dict:
+    for event in client.events(session_id, follow=False):
+        if isinstance(event, ev.CodeExecutionOutput):
+            line = next(x for x in event.text.splitlines() if x.startswith("PROBES "))
+            return json.loads(line.removeprefix("PROBES "))
+    raise AssertionError(f"session {session_id} ran no cell")
+
+
+def refused(found: dict, *names: str) -> bool:
+    return all(found[name][0] == "refused" for name in names)
+
+
+def kernel_pids(fleet: Fleet) -> list[int]:
+    """Host pids of the fleet's kernel processes (descendants of its nodes)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, IndexError, ValueError):
+                continue
+    nodes = {proc.pid for proc in fleet.nodes.values()}
+
+    def under_a_node(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid in nodes:
+                return True
+        return False
+
+    pids = []
+    for pid in parents:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"ipykernel_launcher" in cmdline and b"bwrap" not in cmdline and under_a_node(pid):
+            pids.append(pid)
+    return pids
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory):
+    """One node as an operator runs it: Redis with a password, a provider key in its
+    environment, limits small enough to reach."""
+    fleet = Fleet(
+        f"{redis_server}/{next(_next_db)}",
+        tmp_path_factory.mktemp("fleet"),
+        {
+            "OPENAI_API_KEY": SECRET,
+            "ACTFLEET_KERNEL_MEMORY": str(1024**3),
+            "ACTFLEET_KERNEL_PROCS": "64",
+            "ACTFLEET_WARM_KERNELS": "2",
+        },
+    )
+    try:
+        fleet.start("n1")
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def test_a_kernel_cannot_reach_another_sessions_files_kernel_or_the_node(fleet, tmp_path: Path):
+    client = Client(fleet.redis_url)
+    writes_notes = write_replay(tmp_path / "b.jsonl", {"code": "open('notes', 'w').write('b')"})
+    other = client.submit("b", model=f"replay:{writes_notes}", approval="auto")
+    client.wait(other, timeout=120)
+    notes = fleet.agent_file(other.session_id, "notes")
+    assert notes.read_text() == "b"
+    node_pid = fleet.nodes["n1"].pid
+    kernels = kernel_pids(fleet)
+    assert kernels, "the fleet's kernels were not found"
+    found = run_probes(
+        client,
+        tmp_path,
+        f"""
+        import glob, signal
+        probe("list", lambda: os.listdir({str(notes.parent)!r}))
+        probe("read", lambda: open({str(notes)!r}).read())
+        probe("write", lambda: open({str(notes.parent / "planted")!r}, "w").write("a"))
+        probe("node dir", lambda: os.listdir({str(notes.parent.parent.parent)!r}))
+        probe("kill node", lambda: os.kill({node_pid}, signal.SIGKILL))
+        for pid in {kernels}:
+            probe(f"kill kernel {{pid}}", lambda: os.kill(pid, signal.SIGKILL))
+        found["connection files"] = glob.glob("/tmp/*/connection.json") + glob.glob(
+            {str(fleet.workdir) + "/**/connection.json"!r}, recursive=True)
+        found["processes"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+        """,
+    )
+    assert refused(found, "list", "read", "write", "node dir", "kill node")
+    assert refused(found, *(f"kill kernel {pid}" for pid in kernels))
+    assert len(found["connection files"]) == 1, found["connection files"]  # its own
+    assert all(pid < 10 for pid in found["processes"])
+    assert not (notes.parent / "planted").exists()
+    assert fleet.nodes["n1"].poll() is None
+    assert kernel_pids(fleet)
+
+
+def test_no_secret_or_redis_credential_is_in_a_kernels_view(fleet, tmp_path: Path):
+    password = urlsplit(fleet.redis_url).password
+    assert password
+    port = urlsplit(fleet.redis_url).port
+    found = run_probes(
+        Client(fleet.redis_url),
+        tmp_path,
+        f"""
+        import glob, socket
+        probe("node environ", lambda: open("/proc/{fleet.nodes["n1"].pid}/environ").read())
+        probe("init environ", lambda: open("/proc/1/environ", "rb").read())
+        seen = [repr(dict(os.environ))]
+        for path in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline"):
+            try:
+                seen.append(open(path, "rb").read().decode(errors="replace"))
+            except OSError:
+                pass
+        files = glob.glob("/tmp/**", recursive=True) + glob.glob("/workspace/**", recursive=True)
+        for path in files:
+            try:
+                seen.append(open(path, errors="replace").read())
+            except OSError:
+                pass
+        found["view"] = "\\n".join(seen)
+        def redis_ping():
+            with socket.create_connection(("127.0.0.1", {port}), timeout=5) as s:
+                s.sendall(b"PING\\r\\n")
+                return s.recv(100).decode()
+        probe("redis", redis_ping)
+        """,
+    )
+    assert refused(found, "node environ", "init environ")
+    assert SECRET not in found["view"] and password not in found["view"]
+    assert "NOAUTH" in found["redis"][1]
+
+
+def test_network_none_cuts_a_session_off_redis_and_every_host_port(fleet, tmp_path: Path):
+    port = urlsplit(fleet.redis_url).port
+    body = f"""
+        import socket
+        probe("redis", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=5).close())
+        """
+    client = Client(fleet.redis_url)
+    assert not refused(run_probes(client, tmp_path, body), "redis")  # the node's: full
+    assert refused(run_probes(client, tmp_path, body, network="none"), "redis")
+
+
+def test_a_session_keeps_the_network_its_first_turn_gave_it(fleet, tmp_path: Path):
+    client = Client(fleet.redis_url)
+    replay = write_replay(tmp_path / "r.jsonl", {"text": "hi"})
+    handle = client.submit("hi", model=f"replay:{replay}", approval="auto")
+    client.wait(handle, timeout=60)
+    with pytest.raises(ValueError, match="start a new session"):
+        client.submit("x", model=f"replay:{replay}", session_id=handle.session_id, network="none")
+    with pytest.raises(ValueError, match="only narrow"):
+        client.submit("x", model=f"replay:{replay}", network="full")
+    proc = cli(fleet.redis_url, "submit", "x", "--model", f"replay:{replay}", "--network", "on")
+    assert proc.returncode != 0 and "only narrow" in proc.stderr
+
+
+def test_memory_past_the_limit_is_refused_with_the_limit_named(fleet, tmp_path: Path):
+    client = Client(fleet.redis_url)
+    replay = write_replay(tmp_path / "r.jsonl", {"code": "block = bytearray(2 * 1024**3)"})
+    handle = client.submit("grow", model=f"replay:{replay}", approval="auto")
+    client.wait(handle, timeout=120)
+    output = next(
+        e
+        for e in client.events(handle.session_id, follow=False)
+        if isinstance(e, ev.CodeExecutionOutput)
+    )
+    assert output.status == "error" and "MemoryError" in output.text
+    assert "ACTFLEET_KERNEL_MEMORY=1073741824" in output.text
+    assert fleet.nodes["n1"].poll() is None
+
+
+def test_a_fork_bomb_stops_at_the_process_limit_and_others_go_on(fleet, tmp_path: Path):
+    client = Client(fleet.redis_url)
+    bomb = """
+        import time
+        children = 0
+        def fork():
+            global children
+            while True:
+                if os.fork() == 0:
+                    time.sleep(3)
+                    os._exit(0)
+                children += 1
+        probe("fork", fork)
+        found["children"] = children
+        """
+    found = run_probes(client, tmp_path, bomb)
+    assert refused(found, "fork") and found["fork"][1] == "BlockingIOError"
+    assert 0 < found["children"] < 64
+    once = """
+        def fork_once():
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            return os.waitpid(pid, 0)
+        probe("fork", fork_once)
+        """
+    other = run_probes(client, tmp_path, once)
+    assert not refused(other, "fork")
+    assert fleet.nodes["n1"].poll() is None
+
+
+def test_a_node_refuses_an_open_redis_unless_allowed(fleet_factory):
+    with private_redis(password=False) as url:
+        refused_start = cli(f"{url}/0", "worker", "--name", "open", timeout=60)
+        assert refused_start.returncode == 3
+        assert "needs no password" in refused_start.stderr
+        assert "--allow-open-redis" in refused_start.stderr
+        fleet = fleet_factory(f"{url}/0")
+        fleet.start("open", "--allow-open-redis")
+        assert "needs no password and kernels have network" in fleet.log("open")
+        fleet.stop()
