@@ -4,6 +4,9 @@ the node's secrets and the machine's resources are out of a sandboxed kernel's r
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import textwrap
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -13,7 +16,7 @@ import pytest
 from actfleet.broker import events as ev
 from actfleet.client import Client
 from actfleet.client.local_redis import private_redis
-from tests.conftest import Fleet, _next_db, cli, write_replay
+from tests.conftest import ACTFLEET, Fleet, _next_db, cli, wait_for, write_replay
 
 SECRET = "sk-test-0123456789-do-not-leak"
 
@@ -256,3 +259,37 @@ def test_a_node_refuses_an_open_redis_unless_allowed(fleet_factory):
         fleet.start("open", "--allow-open-redis")
         assert "needs no password and kernels have network" in fleet.log("open")
         fleet.stop()
+
+
+def test_the_node_environment_is_out_of_reach_under_a_wrapper(redis_url: str, fleet_factory):
+    """`sh -c` (like tini in the image) stays between the node and its parent: neither the
+    wrapper's nor the node's environment, both holding the key, is readable."""
+    fleet = fleet_factory(redis_url, {"OPENAI_API_KEY": SECRET})
+    log = open(fleet.workdir / "wrapped.log", "wb")  # noqa: SIM115 - lives with the node
+    command = " ".join([*ACTFLEET, "worker", "--name", "wrapped"]) + "; exit $?"
+    fleet.nodes["wrapped"] = wrapper = subprocess.Popen(
+        ["sh", "-c", command], env=fleet.env, stdout=log, stderr=subprocess.STDOUT
+    )
+    wait_for(lambda: fleet.redis.exists("actfleet:node:wrapped"), 60, "the wrapped node")
+    node = children(wrapper.pid)[0]
+    try:
+        assert SECRET in Path(f"/proc/{node}/environ").read_text(errors="replace")
+        found = run_probes(
+            Client(fleet.redis_url),
+            fleet.workdir,
+            f"""
+            probe("wrapper", lambda: open("/proc/{wrapper.pid}/environ").read())
+            probe("node", lambda: open("/proc/{node}/environ").read())
+            probe("init", lambda: open("/proc/1/environ").read())
+            found["own"] = repr(dict(os.environ))
+            """,
+        )
+    finally:
+        os.kill(node, signal.SIGTERM)  # the wrapper does not pass SIGTERM on
+        wait_for(lambda: not Path(f"/proc/{node}").exists(), 60, "the wrapped node to stop")
+    assert refused(found, "wrapper", "node", "init")
+    assert SECRET not in found["own"]
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
