@@ -187,6 +187,26 @@ def test_shell_approval_wait_does_not_count_against_the_timeout(tmp_path: Path) 
     run(test)
 
 
+def test_the_command_asked_for_is_the_command_run_after_expansion(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    async def yes(cmd: str) -> bool:
+        asked.append(cmd)
+        return True
+
+    async def test() -> None:
+        async with kernels(tmp_path) as (kernel,):
+            code = "x = '; echo injected'\ny = '$x'\n!echo {1 + 1} $x $y"
+            result = await kernel.execute(code, on_shell=yes)
+            assert result.status == "ok", result.text
+            assert asked == ["echo 2 ; echo injected $x"]
+            assert result.text.split() == ["2", "injected"]  # run once, as asked
+            listing = await kernel.execute("files = !ls -a\nprint(files)", on_shell=yes)
+            assert asked[-1] == "ls -a" and "'.'" in listing.text
+
+    run(test)
+
+
 def test_rejected_shell_command_raises_in_the_cell_and_does_not_run(tmp_path: Path) -> None:
     async def no(cmd: str) -> bool:
         return False

@@ -57,17 +57,18 @@ def _actfleet_install_shell_guard():
         if answer != APPROVED:
             raise ShellCommandRejected(f'shell command was not approved: {cmd}')
 
-    class Namespace(dict):
-        def __missing__(self, key):
-            return '{' + key + '}'
-
     def approved(run):
+        # The command is expanded ($name, {expr}) here, in the cell's frame, as IPython
+        # would; the expanded text is asked for and run as it is, never expanded again.
         def hook(cmd, *args, **kwargs):
-            ask(cmd.format_map(Namespace(ip.user_ns)))
+            expanded = ip.var_expand(cmd, depth=1 + kwargs.get('depth', 0))
+            ask(expanded)
             token = allowed.set(True)
+            ip.var_expand = lambda cmd, *args, **kwargs: cmd
             try:
-                return run(cmd, *args, **kwargs)
+                return run(expanded, *args, **kwargs)
             finally:
+                del ip.var_expand
                 allowed.reset(token)
         return hook
 
