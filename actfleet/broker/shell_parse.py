@@ -16,6 +16,7 @@ and the client imports the policy module only to read rules files.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -283,7 +284,11 @@ class _Walker:
         reasons: list[str] = []
         for part in getattr(node, "parts", None) or []:
             if part.kind in ("commandsubstitution", "processsubstitution"):
-                self.visit(part.command)
+                code, reason = _substituted(self.source(part))
+                if reason:
+                    reasons.append(reason)
+                else:  # bashlex keeps only the first command of a multi-line substitution
+                    self.commands += shell_commands(code, self.depth + 1)
             elif part.kind == "parameter":
                 value = getattr(part, "value", None)
                 if not value:  # bashlex's reading of $'...' and $"..."
@@ -326,6 +331,19 @@ class _Walker:
             elif kind not in _READS_OR_DUPS:
                 reasons.append(f"redirection {kind} is not resolved")
         return writes, reasons
+
+
+def _substituted(source: str) -> tuple[str, str]:
+    """The code of `$(...)`, `<(...)`, `>(...)` or backticks (unescaping backslash before
+    backslash, backtick and dollar first), and why it cannot be read ("" if it can)."""
+    if source[:2] in ("$(", "<(", ">(") and source.endswith(")"):
+        return source[2:-1], ""
+    if len(source) >= 2 and source[0] == source[-1] == "`":
+        body = source[1:-1]
+        if '\\"' in body:
+            return "", "escaped quotes inside backticks are not resolved"
+        return re.sub(r"\\([\\`$])", r"\1", body), ""
+    return "", f"the substitution {source!r} is not resolved"
 
 
 def _heredoc(redirect: Any) -> bool:
