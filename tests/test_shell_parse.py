@@ -83,6 +83,7 @@ def test_runners_give_the_command_they_run():
         ("sudo ls", "does not resolve"),
         ("source env.sh", "runs the commands of a file"),
         ("env -S 'rm x' ls", "not one actfleet reads"),
+        ("env X=1 Y=$Z ls", "an assignment of env comes from an expansion"),
         ("xargs --frobnicate rm", "not one actfleet reads"),
         ("find . $EXPR", "comes from an expansion"),
         ("find . -exec rm {}", "without its terminating"),

@@ -226,7 +226,8 @@ def _env(words: Sequence[Word]) -> list[Inner]:
     )
     if i < len(words) and words[i].value == "-":  # `env -` is `env -i`
         i += 1
-    while i < len(words) and _ASSIGNMENT.match(words[i].source or words[i].value):
+    while i < len(words) and _ASSIGNMENT.match(words[i].value):
+        _static(words[i], "an assignment of env")  # `Y=$Z` could split into a command
         i += 1
     if i < len(words):
         _static(words[i], "the command env runs")
