@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -212,3 +214,15 @@ def test_write_rules_are_valid_entries_of_a_rules_file(tmp_path: Path):
     assert Policy.from_data(policy.to_data()) == policy
     with pytest.raises(PolicyError, match="use one of code, shell, tool, subagent, write"):
         rules(tmp_path, 'allow = ["writes:/tmp/*"]\n')
+
+
+def test_the_client_reads_a_rules_file_without_importing_the_shell_parser(tmp_path: Path):
+    path = tmp_path / "rules.toml"
+    path.write_text('allow = ["shell:ls*", "write:/tmp/*"]\n')
+    code = (
+        "import sys, actfleet.client\n"
+        "from actfleet.broker.policy import load_policy\n"
+        f"load_policy({str(path)!r}).decide('tool', 'x')\n"
+        "assert not {'bashlex', 'actfleet.broker.shell_parse'} & set(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)

@@ -14,9 +14,10 @@ import fnmatch
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from actfleet.broker.shell_parse import ShellCommand, shell_commands
+if TYPE_CHECKING:
+    from actfleet.broker.shell_parse import ShellCommand
 
 KINDS = ("code", "shell", "tool", "subagent")
 RULE_KINDS = (*KINDS, "write")
@@ -98,7 +99,7 @@ class Policy:
         (a name with an expansion, a glob or a `..` is never allowed); else it asks."""
         if self.mode == "auto":
             return [ShellVerdict(line.strip(), "allow")] if line.strip() else []
-        commands = shell_commands(line)
+        commands = _shell_commands(line)
         if self.mode == "ask":
             return [ShellVerdict(c.text, "ask", "", c.unresolved) for c in commands]
         return [self._decide_command(c) for c in commands]
@@ -215,4 +216,13 @@ def _line_of(text: str, key: str) -> int:
 def split_shell(command: str) -> list[str]:
     """Every command a shell line runs, as written (`ls $(rm x)` gives `rm x` and
     `ls $(rm x)`); a line that cannot be parsed is itself the one part."""
-    return [c.text for c in shell_commands(command)]
+    return [c.text for c in _shell_commands(command)]
+
+
+def _shell_commands(line: str) -> list[ShellCommand]:
+    """shell_parse.shell_commands, imported on first use: the client imports this module to
+    read rules files and never reads a shell line (the parser costs ~15 ms to import, and
+    bashlex ~0.15 s more on first parse)."""
+    from actfleet.broker.shell_parse import shell_commands
+
+    return shell_commands(line)
