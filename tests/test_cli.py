@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-HEAVY = ("pydantic_ai", "jupyter_client", "ipykernel", "celery", "zmq", "openai")
+HEAVY = ("pydantic_ai", "jupyter_client", "ipykernel", "celery", "zmq", "openai", "bashlex")
 
 
 def test_help_imports_no_model_kernel_or_celery_code():

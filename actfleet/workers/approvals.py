@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from actfleet.broker import transitions
 from actfleet.broker.events import ApprovalDecision, ApprovalRequest
 from actfleet.broker.ids import is_valid_id
-from actfleet.broker.policy import Policy, split_shell
+from actfleet.broker.policy import Policy
 from actfleet.broker.records import ApprovalRecord, BadRecord, StepRef, TurnRecord
 from actfleet.broker.transitions import DecisionStatus, text
 from actfleet.workers.context import NodeContext
@@ -170,8 +170,8 @@ class Approvals:
 
 @dataclass
 class ShellGate:
-    """Decides the shell commands of one running cell under the turn's policy; each part of
-    a composite command separately. Records why a command was refused."""
+    """Decides the shell commands of one running cell under the turn's policy; each command
+    the line runs separately (Policy.decide_shell). Records why a command was refused."""
 
     approvals: Approvals
     policy: Policy
@@ -181,13 +181,15 @@ class ShellGate:
 
     async def __call__(self, cmd: str) -> bool:
         ctx, env = self.approvals.ctx, self.envelope
-        for part in split_shell(cmd):
-            verdict, rule = self.policy.decide("shell", part)
+        verdicts = self.policy.decide_shell(cmd)
+        for part, verdict, rule, _ in verdicts:  # a denied part refuses before anyone is asked
             if verdict == "deny":
                 await ctx.emit([refused_event(env, part, rule)])
                 self.refusals.append(f"shell command `{part}` was denied by rule {rule}")
                 return False
+        for part, verdict, rule, why in verdicts:
             if verdict == "ask":
+                log.debug("shell command %r asks: %s", part, why or f"rule {rule}")
                 record = ApprovalRecord.new(
                     session_id=env["session_id"],
                     agent_id=env["agent_id"],
