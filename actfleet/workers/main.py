@@ -11,6 +11,7 @@ import redis
 
 from actfleet.broker.connection import open_to_anyone
 from actfleet.broker.settings import Settings, SettingsError
+from actfleet.broker.shell_parse import shell_commands
 from actfleet.workers.node import Node, NodeNameTaken
 from actfleet.workers.sandbox import Sandbox, SandboxUnavailable, check_available
 from actfleet.workers.tasks import register
@@ -56,6 +57,7 @@ def run_worker(
                 "code can reach it (--allow-open-redis; docs/security.md)",
                 _safe(settings.redis_url),
             )
+        shell_commands("true")  # loads bashlex now, not in the loop at the first `!cmd`
         node = Node(name, settings, capacity=kernels)
         register(node.celery, node)
         node.start()
