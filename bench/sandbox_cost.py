@@ -20,29 +20,50 @@ from actfleet.workers.kernel import Kernel
 from actfleet.workers.kernel_pool import KernelPool
 from actfleet.workers.sandbox import Sandbox, check_available
 
+MODES = ("no sandbox", "sandbox")
 
-async def measure(settings: Settings, root: Path, starts: int, cells: int) -> dict[str, list]:
-    """Milliseconds of each cold start, warm acquire and warm `x = 1` cell."""
-    found: dict[str, list[float]] = {"cold start": [], "warm acquire": [], "warm cell": []}
+
+async def measure(base: Settings, root: Path, starts: int, cells: int) -> dict[str, dict]:
+    """Milliseconds of each cold start, warm acquire and warm `x = 1` cell, per mode; the
+    modes take turns sample by sample, so load on the machine hits both alike."""
+    settings = {mode: replace(base, sandbox=mode == "sandbox") for mode in MODES}
+    found: dict[str, dict[str, list[float]]] = {
+        mode: {"cold start": [], "warm acquire": [], "warm cell": []} for mode in MODES
+    }
     for i in range(starts):
-        begin = time.perf_counter()
-        kernel = await Kernel.start(root / f"cold-{i}", settings=settings)
-        found["cold start"].append((time.perf_counter() - begin) * 1000)
-        await kernel.shutdown()
-    async with KernelPool.from_settings(replace(settings, warm_kernels=1), root=root) as pool:
-        for i in range(starts):
-            await _until_warm(pool)
+        for mode in MODES:
             begin = time.perf_counter()
-            kernel = await pool.acquire(root / f"warm-{i}")
-            found["warm acquire"].append((time.perf_counter() - begin) * 1000)
-            if i == 0:
-                for _ in range(cells + 20):
-                    begin = time.perf_counter()
-                    result = await kernel.execute("x = 1")
-                    found["warm cell"].append((time.perf_counter() - begin) * 1000)
-                    assert result.status == "ok", result.text
-                del found["warm cell"][:20]  # warm-up
+            kernel = await Kernel.start(root / f"cold-{i}-{mode}", settings=settings[mode])
+            found[mode]["cold start"].append((time.perf_counter() - begin) * 1000)
             await kernel.shutdown()
+    pools = {
+        mode: KernelPool.from_settings(replace(settings[mode], warm_kernels=1), root=root)
+        for mode in MODES
+    }
+    kernels: dict[str, Kernel] = {}
+    try:
+        for pool in pools.values():
+            await pool.start()
+        for i in range(starts):
+            for mode, pool in pools.items():
+                await _until_warm(pool)
+                begin = time.perf_counter()
+                kernel = await pool.acquire(root / f"warm-{i}-{mode}")
+                found[mode]["warm acquire"].append((time.perf_counter() - begin) * 1000)
+                if mode in kernels:
+                    await kernel.shutdown()
+                else:
+                    kernels[mode] = kernel
+        for i in range(cells + 20):
+            for mode, kernel in kernels.items():
+                begin = time.perf_counter()
+                result = await kernel.execute("x = 1")
+                if i >= 20:  # after a warm-up
+                    found[mode]["warm cell"].append((time.perf_counter() - begin) * 1000)
+                assert result.status == "ok", result.text
+    finally:
+        for pool in pools.values():
+            await pool.close()
     return found
 
 
@@ -60,10 +81,7 @@ async def main(starts: int, cells: int) -> None:
     check_available(Sandbox.from_settings(base))
     root = Path(tempfile.mkdtemp(prefix="bench-sandbox-"))
     try:
-        results = {
-            "no sandbox": await measure(replace(base, sandbox=False), root / "off", starts, cells),
-            "sandbox": await measure(replace(base, sandbox=True), root / "on", starts, cells),
-        }
+        results = await measure(base, root, starts, cells)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{starts} cold starts, {starts} warm acquires, {cells} warm `x = 1` cells; ms")
