@@ -496,9 +496,10 @@ class Kernel:
                 msg = await process.client.get_stdin_msg(timeout=_POLL)
             except Empty:
                 continue
-            if msg["msg_type"] != "input_request":
-                continue
-            cmd = shell_request(str(msg["content"].get("prompt", "")))
+            content = msg.get("content") if msg.get("msg_type") == "input_request" else None
+            if not isinstance(content, dict):
+                continue  # not a request (the kernel's messages are untrusted)
+            cmd = shell_request(str(content.get("prompt", "")))
             if cmd is None:
                 out.note("input() is not supported: nobody types into this kernel; it got ''")
                 process.client.input("")
