@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
-from actfleet.client.cli import app
+from actfleet.client.cli import RedisUrl, app
+
+LOGLEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @app.command()
@@ -27,9 +29,27 @@ def worker(
             help="Start against a Redis that needs no password though kernels have network.",
         ),
     ] = False,
+    redis_url: RedisUrl = None,
 ) -> None:
-    """Start a worker node in the foreground; SIGTERM drains it gracefully."""
+    """Start a worker node in the foreground; SIGTERM drains it gracefully.
+
+    The node runs agents' model steps and their tools: execute_ipython_cell (code in the
+    agent's sandboxed kernel) and, for main agents, subagent_task (a subagent, run as its
+    own task on any node). It refuses to start (exit 3, saying why) where bubblewrap
+    cannot confine kernels, or against a Redis without a password while kernels have
+    network."""
     import os
+
+    if loglevel.upper() not in LOGLEVELS:
+        raise typer.BadParameter(
+            f"{loglevel!r} is not a log level; use one of {', '.join(LOGLEVELS)}",
+            param_hint="--loglevel",
+        )
+    if redis_url:
+        from actfleet.client.cli import _client
+
+        _client(redis_url).close()  # a URL that is not one is a one-line error, here
+        os.environ["ACTFLEET_REDIS_URL"] = redis_url
 
     from actfleet.workers.main import run_worker
 

@@ -9,6 +9,8 @@ pydantic-ai-slim 2.68.0: the providers `pydantic_ai.providers.infer_provider_cla
 from __future__ import annotations
 
 REPLAY_PREFIX = "replay:"
+BARE_MODELS = ("test",)
+"""Model strings pydantic-ai resolves without a provider (`test`: its TestModel)."""
 
 MODEL_PROVIDERS: tuple[str, ...] = (
     # The common ones first: they lead the list in error messages.
@@ -80,7 +82,10 @@ class ModelNameError(ValueError):
 
 
 def check_model_name(name: str) -> None:
-    """Raise `ModelNameError` unless `name` is `replay:<file>` or a known `provider:model`."""
+    """Raise `ModelNameError` unless `name` is `replay:<file>`, a known `provider:model`
+    or `test`."""
+    if name in BARE_MODELS:
+        return
     hint = f"use one of {', '.join(MODEL_PROVIDERS[:_SHOWN])}, ... or {REPLAY_PREFIX}<file>"
     if name.startswith(REPLAY_PREFIX):
         if not name[len(REPLAY_PREFIX) :].strip():

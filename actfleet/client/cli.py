@@ -1,26 +1,128 @@
-"""The client commands of the `actfleet` CLI: run, submit, watch, export, demo."""
+"""The client commands of the `actfleet` CLI: run, submit, watch, export, approvals, demo."""
 
 from __future__ import annotations
 
-import signal
+import queue
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from actfleet.client.render import Renderer, json_line
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.status import Status
+
+    from actfleet.broker.events import Event
+    from actfleet.client.sdk import Client
+
+EXIT_COMPLETED = 0
+EXIT_FAILED = 1
+"""The turn failed or was cancelled."""
+EXIT_TIMEOUT = 2
+EXIT_INPUT = 3
+"""Bad input or configuration (the error says what to do)."""
+EXIT_STOPPED = 4
+"""The turn ended without completing: a request was rejected, or --max-turns stopped it."""
+EXIT_USAGE = 64
+"""The command line itself is wrong (EX_USAGE): an unknown command or option, a bad value."""
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES = (
+    "Exit codes: 0 completed; 1 failed or cancelled; 2 timeout (the turn goes on); "
+    "3 bad input (the error says what to do); 4 rejected, or stopped by --max-turns; "
+    "64 usage error; 130 interrupted by Ctrl-C (the turn goes on)."
+)
+
+_UsageError: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
+)
+"""click's UsageError, as the typer in use raises it (typer vendors click since 0.20)."""
+
+
+@contextmanager
+def _usage_exits_64() -> Iterator[None]:
+    try:
+        yield
+    except _UsageError as exc:
+        exc.exit_code = EXIT_USAGE  # type: ignore[attr-defined]
+        raise
+
+
+class _Group(TyperGroup):
+    """The `actfleet` group: usage errors exit 64 (click's 2 is the timeout code here),
+    and flags show no `<bool>` in help (they take no value)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if getattr(param, "is_flag", False):
+                _bare(param)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _usage_exits_64():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _usage_exits_64():
+            return super().invoke(ctx)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _bare(super().get_help_option(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            for param in command.params:
+                if getattr(param, "is_flag", False):
+                    _bare(param)
+            _bare(command.get_help_option(ctx))
+        return command
+
+
+def _bare(option: Any) -> Any:
+    """A flag shown without a value placeholder."""
+    if option is not None:
+        option.metavar = ""
+    return option
+
+
 app = typer.Typer(
+    cls=_Group,
     help="Run CodeAct agents as distributed work on Redis and Celery.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
 
-EXIT_INPUT = 3
-"""Exit code for bad input or configuration (the error says what to do)."""
+
+def _version(show: bool) -> None:
+    if show:
+        from importlib.metadata import version
+
+        print(f"actfleet {version('actfleet')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """The options before any command."""
+
 
 Model = Annotated[
     str,
@@ -73,13 +175,22 @@ def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _client(redis_url: str | None):  # noqa: ANN202 - keeps the SDK import lazy
+def _note(message: str) -> None:
+    """A line for the person on stderr, away from the output a program reads."""
+    typer.secho(message, fg="yellow", err=True)
+
+
+def _client(redis_url: str | None) -> Client:
+    """A client (bad settings, such as a Redis URL that is not one, are a one-line error)."""
     from actfleet.client.sdk import Client
 
-    return Client(redis_url)
+    try:
+        return Client(redis_url)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
 
 
-def _connected(redis_url: str | None):  # noqa: ANN202 - keeps the SDK import lazy
+def _connected(redis_url: str | None) -> Client:
     """A client whose Redis answers, or a one-line error saying what to do."""
     from actfleet.client.sdk import RedisUnavailable
 
@@ -91,7 +202,18 @@ def _connected(redis_url: str | None):  # noqa: ANN202 - keeps the SDK import la
     return client
 
 
-@app.command()
+def _existing(client: Client, session_id: str) -> None:
+    """Exit 3, naming what to do, unless the session exists."""
+    from actfleet.client.sdk import UnknownSession
+
+    try:
+        if not client.session_exists(session_id):
+            raise UnknownSession(session_id)
+    except (ValueError, UnknownSession) as exc:
+        raise _fail(str(exc)) from None
+
+
+@app.command(epilog=EXIT_CODES)
 def run(
     prompt: Annotated[str, typer.Argument(help="What the agent should do.")],
     model: Model,
@@ -107,17 +229,20 @@ def run(
     network: Network = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Submit a turn and stream the session's events until it ends. With --approve ask in a
-    terminal, requests are decided here (y/n/a/q); otherwise they wait for decisions made
-    elsewhere (actfleet approvals).
+    """Submit a turn and stream the session's events until it ends.
 
-    Exit 0 when the turn finished, 1 when it failed or was cancelled, 2 on timeout."""
+    With --approve ask (the default) in a terminal (stdin and stdout), each request is
+    decided here: y approve, n reject, a approve this and later matching ones, q stop
+    asking. Otherwise each request's id and the commands that decide it are printed on
+    stderr (actfleet approve ID / actfleet reject ID). Ctrl-C stops following; the turn
+    goes on."""
     from actfleet.broker.events import ApprovalRequest, TurnFinished
     from actfleet.client.sdk import RedisUnavailable, is_terminal_for
 
     client = _client(redis_url)
     try:
         client.ping()
+        new_name = session is not None and not client.session_exists(session)
         cursor = client.last_event_id(session) if session else "0-0"
         handle = client.submit(
             prompt,
@@ -129,43 +254,167 @@ def run(
         )
     except (ValueError, RedisUnavailable) as exc:
         raise _fail(str(exc)) from None
+    if new_name:
+        _note(f"new session {session} (this Redis had none of that name)")
+    renderer = None if json_out else Renderer()
     walker = None
-    if sys.stdin.isatty() and not json_out:
+    if renderer is not None and sys.stdin.isatty() and sys.stdout.isatty():
         from actfleet.client.approval_prompt import Walker
 
-        walker = Walker(client, Renderer().console)
-    if timeout is not None:
-        signal.signal(signal.SIGALRM, _on_timeout)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
-    renderer = None if json_out else Renderer()
+        walker = Walker(client, renderer.console)
+    spinner = _Spinner(renderer.console if renderer is not None else None)
     if renderer is not None:
         renderer.console.print(f"[dim]session {handle.session_id}[/]")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    told_how_to_avoid = False
     try:
-        for event in client.events(handle.session_id, cursor):
+        for event in _following(client, handle.session_id, cursor, deadline, spinner):
             if renderer is None:
                 print(json_line(event), flush=True)
             else:
                 renderer.show(event)
-            if walker is not None and isinstance(event, ApprovalRequest):
+            asked_here = False
+            if isinstance(event, ApprovalRequest) and walker is not None:
                 record = client.request(event.request_id)
+                asked_here = True
                 if record.status == "pending" and not walker.handle(record):
                     walker = None
+            elif isinstance(event, ApprovalRequest):
+                _how_to_decide(event.request_id, not told_how_to_avoid)
+                told_how_to_avoid = True
             if is_terminal_for(event, handle.turn_id):
-                raise typer.Exit(0 if isinstance(event, TurnFinished) else 1)
+                if not isinstance(event, TurnFinished):
+                    raise typer.Exit(EXIT_FAILED)
+                raise typer.Exit(EXIT_COMPLETED if event.reason == "completed" else EXIT_STOPPED)
+            spinner.waiting_after(event, asked_here)
     except _Timeout:
         raise _fail(
             f"turn {handle.turn_id} did not end within {timeout} s; it goes on: "
             f"actfleet watch {handle.session_id}",
-            code=2,
+            code=EXIT_TIMEOUT,
         ) from None
+    except KeyboardInterrupt:
+        spinner.stop()
+        _note(
+            f"interrupted; the turn goes on: actfleet watch {handle.session_id} "
+            f"(actfleet cancel {handle.session_id} stops it)"
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        spinner.stop()
+
+
+NO_NODE_AFTER = 2.0
+"""Seconds `run` waits before it says that no worker node is running."""
 
 
 class _Timeout(Exception):
     pass
 
 
-def _on_timeout(signum: int, frame: object) -> None:
-    raise _Timeout
+def _how_to_decide(request_id: str, avoid: bool) -> None:
+    """On stderr: the request waits, and the commands that decide it."""
+    _note(
+        f"approval {request_id} waits for a decision: actfleet approve {request_id} "
+        f"(or actfleet reject {request_id}) from any shell; actfleet approvals shows it"
+    )
+    if avoid:
+        _note(
+            "to run without asking, submit with --approve auto, or --approve RULES.toml "
+            "(allow/ask/deny rules; see the README's Approvals)"
+        )
+
+
+def _following(
+    client: Client,
+    session_id: str,
+    cursor: str,
+    deadline: float | None,
+    spinner: _Spinner,
+) -> Iterator[Event]:
+    """The session's events, read on a thread so that this one stays free to say, while
+    it waits, that no worker node is running, to keep the spinner going and to time out
+    (_Timeout)."""
+    events: queue.Queue[Event | BaseException] = queue.Queue()
+
+    def pump() -> None:
+        try:
+            for event in client.events(session_id, cursor):
+                events.put(event)
+        except BaseException as exc:  # handed to the reader
+            events.put(exc)
+
+    threading.Thread(target=pump, name="actfleet-events", daemon=True).start()
+    check_nodes_at = time.monotonic() + NO_NODE_AFTER
+    nodes_seen = True
+    while True:
+        try:
+            item = events.get(timeout=0.1)
+        except queue.Empty:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise _Timeout from None
+            if now >= check_nodes_at:
+                check_nodes_at = now + NO_NODE_AFTER
+                up = bool(client.live_nodes())
+                if not up and nodes_seen:
+                    with spinner.paused():
+                        _note(
+                            "no worker node is running: start one with `actfleet worker` "
+                            "(same ACTFLEET_REDIS_URL); the turn waits for it"
+                        )
+                nodes_seen = up
+            continue
+        if isinstance(item, BaseException):
+            raise item
+        spinner.stop()
+        yield item
+
+
+class _Spinner:
+    """A status line while `run` waits in a terminal: what it waits for."""
+
+    def __init__(self, console: Console | None):
+        self.console = console if console is not None and console.is_terminal else None
+        self.status: Status | None = None
+
+    def waiting_after(self, event: Event, asked_here: bool = False) -> None:
+        """Show what comes after this event (nothing after streamed chunks: their line
+        may be open)."""
+        from actfleet.broker import events as ev
+
+        if self.console is None or isinstance(
+            event, (ev.ThoughtsChunk, ev.ResponseChunk, ev.CodeExecutionOutputChunk)
+        ):
+            return
+        if isinstance(event, ev.ApprovalRequest) and not asked_here:
+            what = f"waiting for a decision on {event.request_id}"
+        elif isinstance(event, ev.CodeAction):
+            what = "running the code"
+        elif isinstance(event, ev.SubagentStarted):
+            what = "subagents running"
+        else:
+            what = "waiting for the model"
+        self.stop()
+        self.status = self.console.status(f"[dim]{what}…[/]", spinner="dots")
+        self.status.start()
+
+    def stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        status, self.status = self.status, None
+        if status is not None:
+            status.stop()
+        try:
+            yield
+        finally:
+            if status is not None:
+                self.status = status
+                status.start()
 
 
 @app.command()
@@ -180,11 +429,14 @@ def submit(
     network: Network = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Submit a turn and print its session id at once."""
+    """Submit a turn and print its session id at once (follow it with actfleet watch)."""
     from actfleet.client.sdk import RedisUnavailable
 
+    client = _client(redis_url)
     try:
-        handle = _client(redis_url).submit(
+        client.ping()
+        new_name = session is not None and not client.session_exists(session)
+        handle = client.submit(
             prompt,
             model=model,
             session_id=session,
@@ -194,6 +446,10 @@ def submit(
         )
     except (ValueError, RedisUnavailable) as exc:
         raise _fail(str(exc)) from None
+    if new_name:
+        _note(f"new session {session} (this Redis had none of that name)")
+    if not client.live_nodes():
+        _note("no worker node is running: the turn waits until one starts (`actfleet worker`)")
     print(handle.session_id)
 
 
@@ -202,7 +458,10 @@ def watch(
     session: Annotated[str, typer.Argument(help="The session to follow.")],
     after: Annotated[
         str | None,
-        typer.Option(help="Stream id of the last event seen: show only events after it."),
+        typer.Option(
+            help="Show only the events after this one: its stream id (`id` in --json, "
+            "like 1712345678901-0) or its seq number.",
+        ),
     ] = None,
     json_out: Json = False,
     no_follow: Annotated[
@@ -210,11 +469,16 @@ def watch(
     ] = False,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Show a session's events, from the start or after an event id; follows new ones."""
+    """Show a session's events, from the start or after an event, and follow new ones."""
     client = _connected(redis_url)
+    _existing(client, session)
+    try:
+        events = client.events(session, after, follow=not no_follow)
+    except ValueError as exc:
+        raise _fail(f"--after {exc}") from None
     renderer = None if json_out else Renderer()
     try:
-        for event in client.events(session, after, follow=not no_follow):
+        for event in events:
             if renderer is None:
                 print(json_line(event), flush=True)
             else:
@@ -235,9 +499,11 @@ def export(
     ] = False,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Write a session out as freeact stores sessions: main.jsonl and sub-*.jsonl (one line
-    per model message), plus events.jsonl (as watch --json prints them). Existing files
-    are refused unless --force. Export before ACTFLEET_RETENTION expires the session."""
+    """Write a session out as freeact stores sessions, into a directory.
+
+    main.jsonl and sub-*.jsonl (one line per model message), plus events.jsonl (as watch
+    --json prints them). Existing files are refused unless --force. Export before
+    ACTFLEET_RETENTION expires the session."""
     client = _connected(redis_url)
     try:
         result = client.export(session, output, force=force)
@@ -259,6 +525,10 @@ def export(
             fg="yellow",
             err=True,
         )
+
+
+REQUEST_KINDS = ("code", "shell", "tool", "subagent")
+"""The kinds of approval requests."""
 
 
 def _options(
@@ -294,6 +564,8 @@ def approvals(
     from actfleet.client.approval_prompt import Walker, show
 
     client = _connected(redis_url)
+    if session is not None:
+        _existing(client, session)
     console = Renderer().console
     walker = Walker(client, console, approver) if interactive else None
     shown: set[str] = set()
@@ -303,22 +575,28 @@ def approvals(
             shown.add(request_id)
             typer.secho(f"warning: skipping request {request_id}: {why}", fg="yellow", err=True)
 
+    waiting = False
     try:
         while True:
-            for record in client.pending(session, on_unreadable=unreadable):
+            fresh = [
+                r for r in client.pending(session, on_unreadable=unreadable) if r.id not in shown
+            ]
+            for record in fresh:
+                shown.add(record.id)
                 if walker is not None:
                     if not walker.handle(record):
                         return
-                elif record.id not in shown:
-                    shown.add(record.id)
-                    if json_out:
-                        print(json_line(record.to_dict()), flush=True)
-                    else:
-                        show(console, record)
+                elif json_out:
+                    print(json_line(record.to_dict()), flush=True)
+                else:
+                    show(console, record)
             if not (watch_ or interactive):
                 if not shown and not json_out:
                     console.print("[dim]no pending requests[/]")
                 return
+            if not fresh and not waiting:
+                _note("waiting for approval requests... (Ctrl-C to stop)")
+            waiting = not fresh
             time.sleep(0.3)
     except KeyboardInterrupt:
         pass
@@ -330,14 +608,23 @@ def approve(
     all_: Annotated[
         bool, typer.Option("--all", help="Every pending request of --session.")
     ] = False,
-    session: Annotated[str | None, typer.Option("--session", "-s")] = None,
+    session: Annotated[
+        str | None,
+        typer.Option("--session", "-s", help="With --all: the session whose requests to approve."),
+    ] = None,
     kind: Annotated[
-        str | None, typer.Option(help="With --all: only code, shell, tool or subagent requests.")
+        str | None,
+        typer.Option(help="With --all: only requests of this kind (code, shell, tool, subagent)."),
     ] = None,
     approver: As = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Approve a request (shows what is approved and sends its hash), or --all of a session."""
+    if kind is not None and kind not in REQUEST_KINDS:
+        raise typer.BadParameter(
+            f"{kind!r} is not a request kind; use one of {', '.join(REQUEST_KINDS)}",
+            param_hint="--kind",
+        )
     _decide(redis_url, request_id, all_, session, kind, approver, reject_reason=None)
 
 
@@ -370,6 +657,7 @@ def _decide(
         if all_:
             if not session or request_id:
                 raise _fail("--all needs --session S and no request id")
+            _existing(client, session)
             records = [r for r in client.pending(session) if kind in (None, r.kind)]
         elif request_id:
             records = [client.request(request_id)]
@@ -406,11 +694,34 @@ def cancel(
     session: Annotated[str, typer.Argument(help="The session to cancel.")],
     redis_url: RedisUrl = None,
 ) -> None:
-    """Cancel a session: its model streams stop, its cells are interrupted, its pending
-    approvals are withdrawn and its subagents end, on whatever nodes they run."""
+    """Cancel a session: everything it runs stops, on whatever nodes it runs.
 
-    _connected(redis_url).cancel(session)
+    Its model streams stop, its cells are interrupted, its pending approvals are withdrawn
+    and its subagents end. An unknown session is refused (exit 3), nothing written."""
+    from actfleet.client.sdk import UnknownSession
+
+    try:
+        _connected(redis_url).cancel(session)
+    except (ValueError, UnknownSession) as exc:
+        raise _fail(str(exc)) from None
     print(f"cancelling {session}")
+
+
+@app.command()
+def sessions(
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=1, help="How many, most recent first.")
+    ] = 20,
+    json_out: Json = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """List the most recently active sessions, with when each was last active."""
+    for session_id, last in _connected(redis_url).sessions(limit):
+        if json_out:
+            print(json_line({"session_id": session_id, "last_active": last}))
+        else:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
+            print(f"{when}  {session_id}")
 
 
 @app.command("dead-letters")
@@ -421,8 +732,10 @@ def dead_letters(
     json_out: Json = False,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Messages nodes could not read or run (bad queue messages, malformed step arguments,
-    junk on the reply channels, broken records), newest first, with the reason."""
+    """List the messages nodes could not read or run, newest first, with the reason.
+
+    Bad queue messages, malformed step arguments, junk on the reply channels, broken
+    records."""
     entries = _connected(redis_url).dead_letters(limit)
     for entry in entries:
         if json_out:
@@ -440,8 +753,10 @@ def dead_letters(
 def demo(
     redis_url: RedisUrl = None,
 ) -> None:
-    """The main job on a fresh machine: a private Redis (unless --redis-url), two worker nodes,
-    the bundled example prompts with bundled replay files, live events, a results table."""
+    """Run the bundled examples on this machine: a private Redis and two worker nodes.
+
+    A private Redis (unless --redis-url), two worker nodes, the bundled example prompts
+    with bundled replay files, live events, a results table."""
     from actfleet.client.demo import run_demo
 
     raise typer.Exit(run_demo(redis_url))

@@ -14,6 +14,12 @@ from rich.text import Text
 
 from actfleet.broker import events as ev
 
+STOPPED = {
+    "rejected": "a request was rejected (rejected)",
+    "max_turns": "stopped by its --max-turns limit (max_turns)",
+}
+"""What a TurnFinished `reason` other than completed means, for a person."""
+
 
 def json_line(item: ev.Event | dict[str, Any]) -> str:
     """One JSON line for an event (with `type` and `id`) or a plain record."""
@@ -103,14 +109,15 @@ class Renderer:
                 pass
             case ev.TurnFinished():
                 u = event.usage
-                c.print(
-                    Text(
-                        f"{who}✓ turn finished ({event.reason}) · "
-                        f"{u.get('input_tokens', 0)} in / {u.get('output_tokens', 0)} out "
-                        f"tokens · {u.get('requests', 0)} requests",
-                        style="green",
-                    )
+                used = (
+                    f"{u.get('input_tokens', 0)} in / {u.get('output_tokens', 0)} out "
+                    f"tokens · {u.get('requests', 0)} requests"
                 )
+                if event.reason == "completed":
+                    c.print(Text(f"{who}✓ turn completed · {used}", style="green"))
+                else:
+                    why = STOPPED.get(event.reason, event.reason)
+                    c.print(Text(f"{who}✗ turn not completed: {why} · {used}", style="bold yellow"))
             case ev.TurnFailed():
                 c.print(Text(f"{who}✗ turn failed: {event.error}", style="bold red"))
             case ev.Cancelled():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,7 +21,7 @@ import redis
 from actfleet.broker import transitions
 from actfleet.broker.approvals import DecisionRefused, refusal
 from actfleet.broker.connection import async_redis, sync_redis
-from actfleet.broker.events import TERMINAL, Event, TurnStarted
+from actfleet.broker.events import TERMINAL, Event, TurnStarted, Unreadable
 from actfleet.broker.ids import check_id
 from actfleet.broker.keys import Keys
 from actfleet.broker.model_names import check_model_name
@@ -45,6 +46,24 @@ AGENT_OPTIONS = {
 
 class RedisUnavailable(ConnectionError):
     """Redis did not answer at the configured URL."""
+
+
+class UnknownSession(LookupError):
+    """No session of that id in this Redis; the message says how to find the right one."""
+
+    def __init__(self, session_id: str):
+        super().__init__(
+            f"no session {session_id!r} in this Redis: check the id (run and submit print it; "
+            "actfleet sessions lists recent ones) and ACTFLEET_REDIS_URL; a finished "
+            "session's keys expire ACTFLEET_RETENTION seconds after its last turn"
+        )
+        self.session_id = session_id
+
+
+STREAM_ID = re.compile(r"[0-9]+-[0-9]+")
+"""A Redis stream id (`ms-n`), as events carry it in `id`."""
+SEQ = re.compile(r"[0-9]+")
+"""An event's `seq` number."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +96,13 @@ class Client:
         if redis_url:
             self.settings = dataclasses.replace(self.settings, redis_url=redis_url)
         self.keys = Keys(self.settings.key_prefix)
-        self.redis = sync_redis(self.settings)
+        try:
+            self.redis = sync_redis(self.settings)
+        except ValueError as exc:
+            raise ValueError(
+                f"bad Redis URL {_safe_url(self.settings.redis_url)!r} ({exc}); write "
+                "redis://[:PASSWORD@]HOST:PORT/DB in ACTFLEET_REDIS_URL (or --redis-url)"
+            ) from None
         self._celery: Any = None
 
     def ping(self) -> None:
@@ -169,24 +194,53 @@ class Client:
         send_step(self._celery, ref, queue)
 
     def events(
-        self, session_id: str, after: str | None = None, *, follow: bool = True
+        self, session_id: str, after: str | int | None = None, *, follow: bool = True
     ) -> Iterator[Event]:
-        """The session's events after stream id `after` (None: from the start); with
-        `follow`, waits for new ones until the caller stops iterating."""
+        """The session's events after `after`: a stream id (an event's `id`), or a `seq`
+        number (an int or digits), or None for all; with `follow`, waits for new ones until
+        the caller stops iterating. ValueError for anything else."""
         check_id(session_id, "session id")
-        return read_events(self.redis, self.keys, session_id, after, follow=follow)
+        cursor, after_seq = _cursor(after)
+        events = read_events(self.redis, self.keys, session_id, cursor, follow=follow)
+        return events if after_seq is None else _after_seq(events, after_seq)
 
     async def aevents(
-        self, session_id: str, after: str | None = None, *, follow: bool = True
+        self, session_id: str, after: str | int | None = None, *, follow: bool = True
     ) -> AsyncIterator[Event]:
         """`events` for asyncio code."""
         check_id(session_id, "session id")
+        cursor, after_seq = _cursor(after)
         conn = async_redis(self.settings)
         try:
-            async for event in aread_events(conn, self.keys, session_id, after, follow=follow):
+            async for event in aread_events(conn, self.keys, session_id, cursor, follow=follow):
+                if after_seq is not None:
+                    if event.seq <= after_seq and not isinstance(event, Unreadable):
+                        continue
+                    after_seq = None
                 yield event
         finally:
             await conn.aclose()
+
+    def session_exists(self, session_id: str) -> bool:
+        """Whether the session was submitted to this Redis (and has not expired)."""
+        check_id(session_id, "session id")
+        return bool(self.redis.exists(self.keys.session(session_id)))
+
+    def sessions(self, limit: int = 20) -> list[tuple[str, float]]:
+        """The most recently active sessions, newest first: (session id, last activity)."""
+        newest = self.redis.zrevrange(self.keys.sessions(), 0, limit - 1, withscores=True)
+        return [(text(sid), float(score)) for sid, score in newest]
+
+    def live_nodes(self) -> list[str]:
+        """The names of the worker nodes whose heartbeat is current."""
+        names = sorted(text(n) for n in self.redis.smembers(self.keys.nodes()))
+        if not names:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.exists(self.keys.node(name))
+            alive = pipe.execute()
+        return [name for name, up in zip(names, alive, strict=True) if up]
 
     def last_event_id(self, session_id: str) -> str:
         """The newest stream id of the session ("0-0" when it has none yet)."""
@@ -306,9 +360,11 @@ class Client:
     def cancel(self, session_id: str) -> None:
         """Cancel everything the session runs, wherever it runs: model streams stop, cells
         are interrupted, pending approvals are withdrawn, subagents end. Each agent reports
-        one Cancelled event; the session accepts new turns afterwards."""
-        check_id(session_id, "session id")
+        one Cancelled event; the session accepts new turns afterwards. UnknownSession (and
+        nothing written) when this Redis has no such session."""
         self.ping()
+        if not self.session_exists(session_id):
+            raise UnknownSession(session_id)
         for ref in transitions.cancel(self.keys, self.settings, session_id).run(self.redis):
             self._send_step(ref)
 
@@ -355,6 +411,31 @@ def is_terminal_for(event: Event, turn_id: str) -> bool:
     return isinstance(event, TERMINAL) and event.turn_id == turn_id
 
 
+def _cursor(after: str | int | None) -> tuple[str | None, int | None]:
+    """A stream cursor and a seq to skip through, from what `events` was given."""
+    if after is None:
+        return None, None
+    if isinstance(after, int) and not isinstance(after, bool) and after >= 0:
+        return None, after
+    if isinstance(after, str) and SEQ.fullmatch(after):
+        return None, int(after)
+    if isinstance(after, str) and STREAM_ID.fullmatch(after):
+        return after, None
+    raise ValueError(
+        f"{after!r} is neither a stream id (like 1712345678901-0: an event's id, which "
+        "watch --json prints) nor a seq number (like 20: the events after that seq)"
+    )
+
+
+def _after_seq(events: Iterator[Event], seq: int) -> Iterator[Event]:
+    """The events after the one numbered `seq` (an unreadable entry ends the skipping)."""
+    for event in events:
+        if event.seq > seq or isinstance(event, Unreadable):
+            yield event
+            yield from events
+            return
+
+
 def _check_options(options: dict[str, Any]) -> dict[str, Any]:
     for name, value in options.items():
         kind = AGENT_OPTIONS.get(name)
@@ -369,5 +450,5 @@ def _safe_url(url: str) -> str:
     """The URL without its password."""
     if "@" not in url:
         return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    scheme, _, rest = url.rpartition("://")
+    return f"{scheme}://***@{rest.split('@', 1)[1]}" if scheme else f"***@{url.split('@')[-1]}"

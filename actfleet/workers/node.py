@@ -107,15 +107,18 @@ class Node:
         self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
 
     async def _claim_name(self) -> None:
-        """Refuse to run beside a live node of the same name; a dead one's heartbeat is
+        """Refuse to run beside a live node of the same name: at once when its heartbeat's
+        TTL is seen renewed (within about one heartbeat interval); a dead one's heartbeat is
         given its TTL to expire."""
         deadline = time.monotonic() + self.settings.lease_ttl + self.settings.heartbeat_interval
-        while await self.ctx.redis.exists(self.keys.node(self.name)):
-            if time.monotonic() > deadline:
+        key, last = self.keys.node(self.name), None
+        while (ttl := await self.ctx.redis.pttl(key)) != -2:
+            if (last is not None and ttl > last) or time.monotonic() > deadline:
                 raise NodeNameTaken(
                     f"a node named {self.name!r} is running (its heartbeat is being renewed); "
                     "give this one another --name"
                 )
+            last = ttl
             await asyncio.sleep(0.2)
 
     # ---- heartbeat ------------------------------------------------------------------
