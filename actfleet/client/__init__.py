@@ -3,7 +3,14 @@
 from actfleet.broker.approvals import DecisionRefused
 from actfleet.broker.policy import Policy, PolicyError
 from actfleet.broker.records import ApprovalRecord
-from actfleet.client.sdk import Client, Handle, RedisUnavailable, TurnResult
+from actfleet.client.sdk import (
+    Client,
+    Handle,
+    RedisUnavailable,
+    TurnResult,
+    UnknownSession,
+    is_terminal_for,
+)
 
 __all__ = [
     "ApprovalRecord",
@@ -14,4 +21,6 @@ __all__ = [
     "PolicyError",
     "RedisUnavailable",
     "TurnResult",
+    "UnknownSession",
+    "is_terminal_for",
 ]
