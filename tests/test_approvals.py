@@ -319,7 +319,7 @@ def test_run_in_a_terminal_asks_inline_and_a_rejection_ends_the_turn(fleet, tmp_
     run.expect("reason")
     run.sendline("not today")
     run.expect("rejected by .*: not today")
-    run.expect("turn finished \\(rejected\\)")
+    run.expect("turn not completed: a request was rejected")
     run.expect(pexpect.EOF)
     run.close()
-    assert run.exitstatus == 0
+    assert run.exitstatus == 4
