@@ -22,7 +22,7 @@ import redis
 
 from actfleet.broker import events as ev
 from actfleet.broker.policy import load_policy
-from actfleet.client import Client, UnknownSession
+from actfleet.client import Client
 from tests.conftest import ACTFLEET, ROOT, Fleet, _next_db, cli, write_replay
 
 HEAVY = ("pydantic_ai", "jupyter_client", "ipykernel", "celery", "zmq", "openai", "bashlex")
@@ -257,6 +257,8 @@ def test_a_rejected_turn_exits_4_shown_as_not_completed(fleet: Fleet, tmp_path: 
 
 
 def test_unknown_sessions_are_refused_by_watch_and_cancel_with_nothing_written(redis_url: str):
+    from actfleet.client import UnknownSession
+
     for args in (["watch", "s-typo"], ["watch", "s-typo", "--no-follow"], ["cancel", "s-typo"]):
         proc = cli(redis_url, *args, timeout=20)
         assert proc.returncode == 3, (args, proc.stdout, proc.stderr)
@@ -396,6 +398,8 @@ def test_every_cli_line_of_the_readme_parses_with_the_real_cli():
         else:
             continue
         flags.setdefault(command, set()).update(re.findall(r"(?<![\w-])--?[a-z][\w-]*", text))
+        if "[same options]" in text:  # submit takes run's options
+            flags[command] |= flags["run"] - {"--json", "--timeout"}
     commands = {c for c in flags if c}
     helps = {c: _help(c) for c in ["", *commands]}
     listed = set(re.findall(r"^│ ([a-z][\w-]+) ", helps[""], re.MULTILINE))
@@ -403,6 +407,12 @@ def test_every_cli_line_of_the_readme_parses_with_the_real_cli():
     for name, shown in flags.items():
         for flag in shown:
             assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[name]), (name, flag)
+    for name in commands:  # and the README leaves none out (--redis-url: said once for all)
+        rows = re.findall(r"^│ +(?:\* +)?(--[a-z][\w-]*)(?: +(-[a-zA-Z]) )?", helps[name], re.M)
+        assert len(rows) > 1, f"no options read from the help of {name}"
+        missing = {long for long, short in rows if not {long, short} & flags[name]}
+        missing -= {"--help", "--redis-url"}
+        assert not missing, f"README leaves out {name} {sorted(missing)}"
 
 
 def _help(command: str) -> str:

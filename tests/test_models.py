@@ -24,6 +24,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.providers import infer_provider_class
 
 from actfleet.broker.model_names import (
+    BARE_MODELS,
     GATEWAY_UPSTREAMS,
     MODEL_PROVIDERS,
     ModelNameError,
@@ -269,10 +270,17 @@ def test_check_model_name_rejects_names_pydantic_ai_cannot_resolve(
         "ollama:llama3:8b",
         "gateway/openai:gpt-5",
         "replay:examples/demo.jsonl",
+        "test",
     ],
 )
 def test_check_model_name_accepts_pydantic_ai_model_strings(name: str) -> None:
     check_model_name(name)
+
+
+def test_bare_model_names_are_ones_pydantic_ai_resolves() -> None:
+    for name in BARE_MODELS:
+        check_model_name(name)
+        assert isinstance(resolve_model(name), Model)
 
 
 def test_hard_coded_providers_are_ones_the_installed_pydantic_ai_knows() -> None:
