@@ -44,7 +44,7 @@ EXIT_CODES = (
 _UsageError: type[Exception] = next(
     c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
 )
-"""click's UsageError, as the typer in use raises it (typer vendors click since 0.20)."""
+"""click's UsageError, as the typer in use raises it (recent typers vendor click)."""
 
 
 @contextmanager
@@ -391,6 +391,8 @@ class _Spinner:
             what = f"waiting for a decision on {event.request_id}"
         elif isinstance(event, ev.CodeAction):
             what = "running the code"
+        elif isinstance(event, ev.ApprovalDecision) and event.approved:
+            what = "running what was approved"
         elif isinstance(event, ev.SubagentStarted):
             what = "subagents running"
         else:
