@@ -273,20 +273,19 @@ def run(
                 print(json_line(event), flush=True)
             else:
                 renderer.show(event)
-            asked_here = False
-            if isinstance(event, ApprovalRequest) and walker is not None:
-                record = client.request(event.request_id)
-                asked_here = True
-                if record.status == "pending" and not walker.handle(record):
-                    walker = None
-            elif isinstance(event, ApprovalRequest):
-                _how_to_decide(event.request_id, not told_how_to_avoid)
-                told_how_to_avoid = True
+            if isinstance(event, ApprovalRequest):
+                if walker is not None:
+                    record = client.request(event.request_id)
+                    if record.status == "pending" and not walker.handle(record):
+                        walker = None  # q: this request and later ones are decided elsewhere
+                if walker is None:
+                    _how_to_decide(event.request_id, not told_how_to_avoid)
+                    told_how_to_avoid = True
             if is_terminal_for(event, handle.turn_id):
                 if not isinstance(event, TurnFinished):
                     raise typer.Exit(EXIT_FAILED)
                 raise typer.Exit(EXIT_COMPLETED if event.reason == "completed" else EXIT_STOPPED)
-            spinner.waiting_after(event, asked_here)
+            spinner.after(event, asked_here=walker is not None)
     except _Timeout:
         raise _fail(
             f"turn {handle.turn_id} did not end within {timeout} s; it goes on: "
@@ -367,7 +366,7 @@ def _following(
             continue
         if isinstance(item, BaseException):
             raise item
-        spinner.stop()
+        spinner.before(item)
         yield item
 
 
@@ -377,17 +376,27 @@ class _Spinner:
     def __init__(self, console: Console | None):
         self.console = console if console is not None and console.is_terminal else None
         self.status: Status | None = None
+        self.what = ""
 
-    def waiting_after(self, event: Event, asked_here: bool = False) -> None:
-        """Show what comes after this event (nothing after streamed chunks: their line
-        may be open)."""
+    def before(self, event: Event) -> None:
+        """Clear the line for an event that shows something."""
+        from actfleet.broker import events as ev
+
+        if not isinstance(event, ev.ResponseChunk):
+            self.stop()
+
+    def after(self, event: Event, asked_here: bool = False) -> None:
+        """Show what comes after this event (nothing after streamed thoughts or output:
+        their line may be open)."""
         from actfleet.broker import events as ev
 
         if self.console is None or isinstance(
-            event, (ev.ThoughtsChunk, ev.ResponseChunk, ev.CodeExecutionOutputChunk)
+            event, (ev.ThoughtsChunk, ev.CodeExecutionOutputChunk)
         ):
             return
-        if isinstance(event, ev.ApprovalRequest) and not asked_here:
+        if isinstance(event, ev.ResponseChunk):  # shown once complete
+            what = "the model is answering"
+        elif isinstance(event, ev.ApprovalRequest) and not asked_here:
             what = f"waiting for a decision on {event.request_id}"
         elif isinstance(event, ev.CodeAction):
             what = "running the code"
@@ -397,7 +406,10 @@ class _Spinner:
             what = "subagents running"
         else:
             what = "waiting for the model"
+        if self.status is not None and what == self.what:
+            return
         self.stop()
+        self.what = what
         self.status = self.console.status(f"[dim]{what}…[/]", spinner="dots")
         self.status.start()
 
