@@ -293,3 +293,12 @@ def test_the_node_environment_is_out_of_reach_under_a_wrapper(redis_url: str, fl
 
 def children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_node_and_a_client_without_the_password_say_so(redis_server: str):
+    url = urlsplit(redis_server)
+    without = f"redis://{url.hostname}:{url.port}/0"
+    for command in (("worker", "--name", "nopass"), ("approvals",)):
+        proc = cli(without, *command, timeout=60)
+        assert proc.returncode == 3, proc.stderr
+        assert "refused the credentials" in proc.stderr and "redis://:PASSWORD@" in proc.stderr
