@@ -34,10 +34,12 @@ def rules_file(tmp_path: Path, text: str) -> str:
 
 @pytest.fixture(scope="module")
 def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory):
-    from tests.conftest import Fleet
+    from tests.conftest import Fleet, new_db_url
 
     fleet = Fleet(
-        f"{redis_server}/40", tmp_path_factory.mktemp("fleet"), {"ACTFLEET_REDISPATCH_AFTER": "1"}
+        new_db_url(redis_server),
+        tmp_path_factory.mktemp("fleet"),
+        {"ACTFLEET_REDISPATCH_AFTER": "1"},
     )
     try:
         fleet.start("ap1")

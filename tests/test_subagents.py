@@ -44,10 +44,12 @@ def max_overlap(events: list[ev.Event]) -> int:
 
 @pytest.fixture(scope="module")
 def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory):
-    from tests.conftest import Fleet
+    from tests.conftest import Fleet, new_db_url
 
     fleet = Fleet(
-        f"{redis_server}/50", tmp_path_factory.mktemp("fleet"), {"ACTFLEET_REDISPATCH_AFTER": "2"}
+        new_db_url(redis_server),
+        tmp_path_factory.mktemp("fleet"),
+        {"ACTFLEET_REDISPATCH_AFTER": "2"},
     )
     try:
         fleet.start("s1", "--concurrency", "6")
