@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import statistics
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from _fleet import pct
 
 from actfleet.broker.settings import Settings
 from actfleet.workers.kernel import Kernel
@@ -70,10 +71,6 @@ async def measure(base: Settings, root: Path, starts: int, cells: int) -> dict[s
 async def _until_warm(pool: KernelPool) -> None:
     while not pool._ready:  # noqa: SLF001 - a benchmark may look inside
         await asyncio.sleep(0.02)
-
-
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100)[q - 1]
 
 
 async def main(starts: int, cells: int) -> None:

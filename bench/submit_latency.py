@@ -2,7 +2,7 @@
 
 Each turn is a fresh session on an idle node whose warm pool is full, so the path is:
 submit (Lua script + Celery message) -> model step (replay `print(1)`) -> execution step,
-which takes a kernel from the warm pool (ipybox init code) and runs the cell -> the
+which takes a kernel from the warm pool (init code applied) and runs the cell -> the
 output chunk's XADD -> the client's XREAD. The node reaps idle runtimes after 0.5 s, and the
 bench waits for that and for the pool to refill before the next turn, so every turn sees
 the same idle node. The clock starts on the client just before `submit` and stops when

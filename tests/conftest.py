@@ -45,10 +45,19 @@ def redis_server() -> Iterator[str]:
 _next_db = iter(range(1, 64))
 
 
+def new_db_url(redis_server: str) -> str:
+    """The URL of a database of the private server that nothing else in the run uses: the
+    one allocator of database numbers, for `redis_url` and for module-scoped fleets."""
+    db = next(_next_db, None)
+    if db is None:
+        pytest.fail("all 63 databases of the private redis-server are taken; raise `databases`")
+    return f"{redis_server}/{db}"
+
+
 @pytest.fixture
 def redis_url(redis_server: str) -> str:
     """A Redis database of the private server no other test uses."""
-    return f"{redis_server}/{next(_next_db)}"
+    return new_db_url(redis_server)
 
 
 class Fleet:

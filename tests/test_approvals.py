@@ -34,10 +34,12 @@ def rules_file(tmp_path: Path, text: str) -> str:
 
 @pytest.fixture(scope="module")
 def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory):
-    from tests.conftest import Fleet
+    from tests.conftest import Fleet, new_db_url
 
     fleet = Fleet(
-        f"{redis_server}/40", tmp_path_factory.mktemp("fleet"), {"ACTFLEET_REDISPATCH_AFTER": "1"}
+        new_db_url(redis_server),
+        tmp_path_factory.mktemp("fleet"),
+        {"ACTFLEET_REDISPATCH_AFTER": "1"},
     )
     try:
         fleet.start("ap1")
@@ -78,9 +80,15 @@ def test_decision_on_an_unknown_id_is_refused(client: Client):
         client.approve("a-nope", args_sha256="x")
 
 
-def test_rejection_ends_the_turn_and_the_model_is_told_why(client: Client, tmp_path: Path):
+def files_written(fleet, session_id: str, name: str) -> list[Path]:
+    """Files called `name` in the working directories of a session's agents, on any node."""
+    return [p for p in fleet.workdir.rglob(name) if session_id in p.parts]
+
+
+def test_rejection_ends_the_turn_and_the_model_is_told_why(fleet, client: Client, tmp_path: Path):
+    write = "open('written-by-the-cell', 'w').close()"  # in the agent's working directory
     replay = write_replay(
-        tmp_path / "r.jsonl", {"code": "open('x', 'w')"}, {"text": "n/a"}, {"text": "understood"}
+        tmp_path / "r.jsonl", {"code": write}, {"code": write}, {"text": "approved, written"}
     )
     handle = client.submit("write", model=f"replay:{replay}", approval="ask")
     request = first(client, handle.session_id, ev.ApprovalRequest)
@@ -91,7 +99,17 @@ def test_rejection_ends_the_turn_and_the_model_is_told_why(client: Client, tmp_p
     assert (result.status, result.reason) == ("finished", "rejected")
     output = first(client, handle.session_id, ev.CodeExecutionOutput)
     assert output.status == "rejected" and "carol: no writes" in output.text
-    assert not (Path(client.settings.workdir or "/nonexistent") / "x").exists()
+    assert files_written(fleet, handle.session_id, "written-by-the-cell") == []
+
+    # The control: the same cell, approved in the same session, writes the file looked for.
+    cursor = client.last_event_id(handle.session_id)
+    again = client.submit(
+        "write", model=f"replay:{replay}", approval="ask", session_id=handle.session_id
+    )
+    request = first(client, handle.session_id, ev.ApprovalRequest, cursor)
+    client.approve(request.request_id, args_sha256=request.args_sha256, approver="carol")
+    assert client.wait(again, timeout=60).response == "approved, written"
+    assert len(files_written(fleet, handle.session_id, "written-by-the-cell")) == 1
 
 
 def test_expired_request_counts_as_rejected_with_an_event_saying_so(client: Client, tmp_path: Path):

@@ -72,6 +72,8 @@ def junk(ref: str) -> dict[str, bytes]:
         "two arguments": envelope(step_body([ref, ref])),
         "keyword arguments": envelope(step_body([], {"ref": ref})),
         "argument of the wrong type": envelope(step_body([123])),
+        "argument JSON cannot hold": envelope(step_body([{b"bytes key": 1}])),
+        "keyword argument named task": envelope(step_body([ref], {"task": 1})),
         "malformed step reference": envelope(step_body(["a|b"])),
         "step reference with a path": envelope(step_body(["../..|main|t|1|model"])),
         "kind other than the task's": envelope(step_body([ref.replace("model", "collect")])),

@@ -293,3 +293,26 @@ def test_the_node_environment_is_out_of_reach_under_a_wrapper(redis_url: str, fl
 
 def children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_node_and_a_client_without_the_password_say_so(redis_server: str):
+    url = urlsplit(redis_server)
+    without = f"redis://{url.hostname}:{url.port}/0"
+    for command in (("worker", "--name", "nopass"), ("approvals",)):
+        proc = cli(without, *command, timeout=60)
+        assert proc.returncode == 3, proc.stderr
+        assert "refused the credentials" in proc.stderr and "redis://:PASSWORD@" in proc.stderr
+
+
+def test_without_bubblewrap_a_node_refuses_to_start_unless_told_no_sandbox(
+    redis_url: str, fleet_factory, tmp_path: Path
+):
+    no_tools = {"PATH": str(tmp_path)}  # no bwrap, prlimit or setpriv on it
+    refused_start = cli(redis_url, "worker", "--name", "bare", env=no_tools, timeout=60)
+    assert refused_start.returncode == 3
+    assert "bwrap is not installed" in refused_start.stderr
+    assert "apt-get install -y bubblewrap" in refused_start.stderr
+    assert "--no-sandbox" in refused_start.stderr
+    fleet = fleet_factory(redis_url, no_tools)
+    fleet.start("bare", "--no-sandbox")
+    assert "kernels run WITHOUT a sandbox" in fleet.log("bare")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -44,10 +43,12 @@ def max_overlap(events: list[ev.Event]) -> int:
 
 @pytest.fixture(scope="module")
 def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory):
-    from tests.conftest import Fleet
+    from tests.conftest import Fleet, new_db_url
 
     fleet = Fleet(
-        f"{redis_server}/50", tmp_path_factory.mktemp("fleet"), {"ACTFLEET_REDISPATCH_AFTER": "2"}
+        new_db_url(redis_server),
+        tmp_path_factory.mktemp("fleet"),
+        {"ACTFLEET_REDISPATCH_AFTER": "2"},
     )
     try:
         fleet.start("s1", "--concurrency", "6")
@@ -167,7 +168,7 @@ def test_cancel_stops_every_agent_and_frees_every_slot(fleet, tmp_path: Path):
             running.add(event.agent_id)
             if len(running) == 3:
                 break
-    cancelled_at = time.time()
+    seen = event.seq
     proc = cli(fleet.redis_url, "cancel", handle.session_id)
     assert proc.returncode == 0, proc.stderr
     agents = {"main", *running}
@@ -179,9 +180,17 @@ def test_cancel_stops_every_agent_and_frees_every_slot(fleet, tmp_path: Path):
         return done if {e.agent_id for e in done} == agents else []
 
     cancelled = wait_for(all_cancelled, 10, "a Cancelled event from every agent")
-    assert len(cancelled) == 4
-    assert max(e.ts for e in cancelled) - cancelled_at < 2
+    assert len(cancelled) == 4 and all(e.seq > seen for e in cancelled)
     assert {e.phase for e in cancelled if e.agent_id != "main"} == {"tool_execution"}
+    events = list(client.events(handle.session_id, follow=False))
+    # The cells were stopped, not run to their end, and each agent stopped at its Cancelled.
+    assert not any(isinstance(e, ev.CodeExecutionOutput) and e.status == "ok" for e in events)
+    finished = [e for e in events if isinstance(e, ev.SubagentFinished)]
+    assert {e.agent_id for e in finished} == running
+    assert {e.status for e in finished} == {"cancelled"}
+    for stop in cancelled:
+        after = [e for e in events if e.agent_id == stop.agent_id and e.seq > stop.seq]
+        assert all(isinstance(e, ev.SubagentFinished) for e in after), after
     wait_for(lambda: slots_held(fleet.redis_url) == 0, 5, "every slot to be freed")
     assert client.result(handle.turn_id).status == "cancelled"
     again = client.submit(

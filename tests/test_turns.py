@@ -26,9 +26,9 @@ def stub():
 @pytest.fixture(scope="module")
 def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory, stub: OpenAIStub):
     """Two nodes shared by the tests of this module (each test uses its own sessions)."""
-    from tests.conftest import Fleet
+    from tests.conftest import Fleet, new_db_url
 
-    url = f"{redis_server}/0"
+    url = new_db_url(redis_server)
     fleet = Fleet(
         url,
         tmp_path_factory.mktemp("fleet"),

@@ -17,8 +17,21 @@ _BACKOFF_CAP = 0.5
 
 def _options(settings: Settings, retry_type: type) -> dict[str, Any]:
     retries = max(1, int(settings.redis_retry_seconds / _BACKOFF_CAP) + 4)
+
+    class Retry(retry_type):  # type: ignore[misc,valid-type]
+        """Retries lost connections, not refused credentials (redis-py's
+        AuthenticationError is a ConnectionError): a wrong password fails at once."""
+
+        def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # noqa: ANN001, ANN202
+            def retryable(error: Exception) -> bool:
+                if isinstance(error, redis.AuthenticationError):
+                    return False
+                return is_retryable is None or is_retryable(error)
+
+            return super().call_with_retry(do, fail, retryable, with_failure_count)
+
     return {
-        "retry": retry_type(ExponentialBackoff(cap=_BACKOFF_CAP, base=0.05), retries),
+        "retry": Retry(ExponentialBackoff(cap=_BACKOFF_CAP, base=0.05), retries),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "health_check_interval": 10,
         "socket_connect_timeout": 3,

@@ -228,11 +228,20 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "dict[str, Any]": (dict,),
     "dict[str, int]": (dict,),
 }
+_ITEMS: dict[str, str] = {"list[str]": "str", "dict[str, int]": "int"}
+"""The declared type of a container field's items (a dict's keys are always `str`)."""
 
 
 def _has_type(value: Any, annotation: Any) -> bool:
-    """Whether a decoded field has its declared type (annotations are strings here)."""
-    expected = _TYPES.get(str(annotation))
-    return expected is None or (
-        isinstance(value, expected) and not (isinstance(value, bool) and bool not in expected)
-    )
+    """Whether a decoded field has its declared type, items and keys included (annotations
+    are strings here)."""
+    name = str(annotation)
+    expected = _TYPES.get(name)
+    if expected is None:
+        return True
+    if not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected):
+        return False
+    if isinstance(value, dict) and not all(isinstance(key, str) for key in value):
+        return False
+    items = value.values() if isinstance(value, dict) else value
+    return name not in _ITEMS or all(_has_type(item, _ITEMS[name]) for item in items)

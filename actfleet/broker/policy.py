@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 KINDS = ("code", "shell", "tool", "subagent")
 RULE_KINDS = (*KINDS, "write")
 """`write:GLOB` rules match the files a shell command's redirections write (`> out`)."""
+MODES = ("auto", "ask", "rules")
 Verdict = Literal["allow", "ask", "deny"]
 
 _DYNAMIC_PATH = frozenset("$`*?[{")
@@ -134,12 +135,20 @@ class Policy:
         }
 
     @classmethod
-    def from_data(cls, data: dict[str, Any]) -> Policy:
-        lists = {
-            name: tuple(_rule(e, "policy", name) for e in data.get(name, ()))
-            for name in ("deny", "ask", "allow")
-        }
-        return cls(mode=data.get("mode", "ask"), **lists)
+    def from_data(cls, data: object) -> Policy:
+        """The policy of `to_data` (as a submission carries it); PolicyError for anything else."""
+        if not isinstance(data, dict):
+            raise PolicyError(f"a policy must be an object, got {type(data).__name__}")
+        mode = data.get("mode", "ask")
+        if mode not in MODES:
+            raise PolicyError(f"unknown policy mode {repr(mode)[:40]}; use {', '.join(MODES)}")
+        lists: dict[str, tuple[Rule, ...]] = {}
+        for name in ("deny", "ask", "allow"):
+            entries = data.get(name, ())
+            if not isinstance(entries, list | tuple):
+                raise PolicyError(f"policy {name} must be a list, got {type(entries).__name__}")
+            lists[name] = tuple(_rule(e, "policy", name) for e in entries)
+        return cls(mode=mode, **lists)
 
 
 def load_policy(spec: str) -> Policy:
@@ -152,11 +161,20 @@ def load_policy(spec: str) -> Policy:
             f"--approve {spec!r}: not auto, ask, or a rules file that exists; give a TOML file "
             'with deny / ask / allow lists, e.g. allow = ["code", "shell:ls*"]'
         )
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8"
+        raise PolicyError(
+            f"{path}: cannot read the rules file ({reason}); give a UTF-8 TOML file"
+        ) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{path}: {exc}; fix the TOML syntax") from None
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:80]
+        raise PolicyError(f"{path}: unreadable TOML ({reason}); fix the value") from None
     unknown = set(data) - {"deny", "ask", "allow"}
     if unknown:
         name = sorted(unknown)[0]

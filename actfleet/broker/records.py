@@ -71,32 +71,41 @@ class StepRef:
                 check_id(part, f"{name} id")
         except BadId as exc:
             raise BadRecord(f"step reference {value[:80]!r}: {exc}") from None
-        if not step_no.isdigit() or not 0 < int(step_no) < 1_000_000:
+        if not (step_no.isascii() and step_no.isdigit()) or not 0 < int(step_no) < 1_000_000:
             raise BadRecord(f"step reference {value[:80]!r}: bad step number {step_no[:20]!r}")
         if kind not in STEP_KINDS:
             raise BadRecord(f"step reference {value[:80]!r}: unknown step kind {kind[:20]!r}")
         return cls(session_id, agent_id, turn_id, int(step_no), kind)  # type: ignore[arg-type]
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+def _text(value: Any, errors: str = "strict") -> str:
+    return value.decode(errors=errors) if isinstance(value, bytes) else str(value)
+
+
+def _int(value: str) -> int:
+    """An int field: its digits, or a number written as a float (`3.0`)."""
+    try:
+        return int(value)
+    except ValueError:
+        return int(float(value))
 
 
 def read_hash(cls: type[Any], raw: dict[Any, Any], what: str) -> Any:
     """A record dataclass from a Redis hash: fields converted to their declared types
-    (str, int, float, dict from JSON); unknown fields ignored; BadRecord on anything else."""
-    data = {_text(k): _text(v) for k, v in raw.items()}
+    (str, int, float, dict from JSON); unknown fields ignored; BadRecord on anything else,
+    such as text that is not UTF-8 or a number out of range."""
+    data = {_text(k, "replace"): v for k, v in raw.items()}
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise BadRecord(f"{what} has no field {f.name!r}")
             continue
-        value = data[f.name]
         kind = f.type if isinstance(f.type, str) else f.type.__name__
         try:
+            value = _text(data[f.name])
             if kind == "int":
-                values[f.name] = int(float(value or 0))
+                values[f.name] = _int(value or "0")
             elif kind == "float":
                 values[f.name] = float(value or 0)
             elif kind.startswith("dict"):
@@ -105,8 +114,10 @@ def read_hash(cls: type[Any], raw: dict[Any, Any], what: str) -> Any:
                     raise ValueError("not a JSON object")
             else:
                 values[f.name] = value
-        except ValueError as exc:
-            raise BadRecord(f"{what}: field {f.name!r} = {value[:40]!r} ({exc})") from None
+        except (ValueError, OverflowError, RecursionError) as exc:
+            shown = _text(data[f.name], "replace")[:40]
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:80]
+            raise BadRecord(f"{what}: field {f.name!r} = {shown!r} ({reason})") from None
     return cls(**values)
 
 
@@ -208,7 +219,7 @@ CURRENT_STEP = ("status", "step_no", "step_kind")
 
 def running_step(session_id: str, agent_id: str, turn_id: str, values: list[Any]) -> StepRef | None:
     """The current step of a running turn from its `CURRENT_STEP` fields, else None."""
-    status, step_no, kind = (_text(v) if v is not None else "" for v in values)
+    status, step_no, kind = (_text(v, "replace") if v is not None else "" for v in values)
     if status != "running":
         return None
     try:
@@ -302,7 +313,9 @@ class ApprovalRecord:
     def from_hash(cls, raw: dict[Any, Any], request_id: str = "") -> ApprovalRecord:
         if not raw:
             raise BadRecord(f"approval request {request_id or '?'} has no record")
-        return read_hash(cls, raw, f"approval request {request_id or _text(raw.get(b'id', '?'))}")
+        return read_hash(
+            cls, raw, f"approval request {request_id or _text(raw.get(b'id', '?'), 'replace')}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -68,10 +68,11 @@ def load_replay(path: str | Path) -> tuple[str, list[ReplayStep]]:
 
 
 def parse_replay(text: str, source: str) -> list[ReplayStep]:
-    """Parse replay text; `source` names the file in error messages."""
+    """Parse replay text; `source` names the file in error messages. Only a newline ends a
+    line (JSON Lines): a JSON string may hold U+2028 or U+0085 unescaped."""
     steps = [
         _parse_line(raw, source, number)
-        for number, raw in enumerate(text.splitlines(), start=1)
+        for number, raw in enumerate(text.split("\n"), start=1)
         if raw.strip()
     ]
     if not steps:
@@ -101,6 +102,11 @@ def _parse_line(raw: str, source: str, number: int) -> ReplayStep:
         raise ReplayError(
             f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); "
             "expected one JSON object per line"
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:80]
+        raise ReplayError(
+            f"{where}: unreadable JSON ({reason}); expected one JSON object per line"
         ) from None
     if not isinstance(obj, dict):
         raise ReplayError(f"{where}: expected a JSON object, got {_kind(obj)}")

@@ -114,6 +114,11 @@ class Client:
                 probe.ping()
             finally:
                 probe.close()
+        except redis.AuthenticationError as exc:
+            raise RedisUnavailable(
+                f"Redis at {_safe_url(self.settings.redis_url)} refused the credentials ({exc});"
+                " give its password in the URL: redis://:PASSWORD@host:port/db"
+            ) from None
         except redis.RedisError as exc:
             raise RedisUnavailable(
                 f"cannot reach Redis at {_safe_url(self.settings.redis_url)} ({exc}); start "

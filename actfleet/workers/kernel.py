@@ -3,8 +3,8 @@
 ipykernel is driven through jupyter_client's async API, not ipybox's `CodeExecutor`, which
 loses output and hangs when its kernel dies (DESIGN §7). A `Kernel` is the handle an agent's
 runtime holds; behind it a `KernelProcess` is replaced whenever the kernel dies or has to be
-restarted, and ipybox's init code (cwd restore, shell guard, approval hooks) is re-applied
-to every new process.
+restarted, and the init code (cwd restore, shell-approval hooks; shell_approvals.py) is
+re-applied to every new process, which runs in the node's sandbox (sandbox.py).
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ class Kernel:
         env: Mapping[str, str] | None = None,
         launcher: Launcher | None = None,
     ) -> Kernel:
-        """A kernel working in `working_dir` (created if missing), ipybox's init code applied.
+        """A kernel working in `working_dir` (created if missing), its init code applied.
 
         Processes come from `launcher` (e.g. a `KernelPool`), else are launched here with
         `kernel_env(env)`.

@@ -64,6 +64,13 @@ def run_worker(
     except (SettingsError, NodeNameTaken, SandboxUnavailable, OpenRedis) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    except redis.AuthenticationError as exc:
+        print(
+            f"error: Redis at {_safe(settings.redis_url)} refused the credentials ({exc}); give "
+            "its password in ACTFLEET_REDIS_URL: redis://:PASSWORD@host:port/db",
+            file=sys.stderr,
+        )
+        return 3
     except redis.RedisError as exc:
         print(
             f"error: cannot reach Redis at {_safe(settings.redis_url)} ({exc}); start "

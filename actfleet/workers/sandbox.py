@@ -181,9 +181,10 @@ def check_available(sandbox: Sandbox) -> None:
         raise SandboxUnavailable(
             f"bubblewrap cannot create the kernels' namespaces here ({result.stderr.strip()}). "
             "In a container, allow it: Docker needs --security-opt seccomp=unconfined "
-            "--security-opt apparmor=unconfined (or --privileged); Kubernetes needs a "
-            "securityContext with capabilities add [SYS_ADMIN] and seccompProfile Unconfined "
-            "(deploy/kubernetes/worker.yaml). Or start the node with --no-sandbox to run "
+            "--security-opt apparmor=unconfined --security-opt systempaths=unconfined (or "
+            "--privileged); Kubernetes needs seccomp and AppArmor Unconfined, procMount "
+            "Unmasked and hostUsers: false (deploy/kubernetes/worker.yaml), or privileged. "
+            "Or start the node with --no-sandbox to run "
             "kernels unconfined (docs/security.md)"
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import reprlib
 
 from celery import Celery
 
@@ -18,7 +19,7 @@ def register(app: Celery, node: Node) -> None:
 
 
 def _runner(node: Node, kind: str):  # noqa: ANN202 - a Celery task body
-    def run(task: object, *args: object, **kwargs: object) -> None:
+    def run(task: object, /, *args: object, **kwargs: object) -> None:
         try:
             if kwargs or len(args) != 1:
                 raise BadRecord(
@@ -29,10 +30,19 @@ def _runner(node: Node, kind: str):  # noqa: ANN202 - a Celery task body
                 raise BadRecord(f"{ref.encode()} is a {ref.kind} step, sent as a {kind} step")
         except BadRecord as exc:
             reason = f"malformed {kind} step message: {exc}"
-            body = json.dumps([args, kwargs], default=repr)
+            body = _body(args, kwargs)
             node.call(node.ctx.dead_letter("step", body, reason))
             return
         node.call(node.steps.run(ref))
 
     run.__name__ = f"{kind}_step"
     return run
+
+
+def _body(args: tuple[object, ...], kwargs: dict[str, object]) -> str:
+    """A malformed message's arguments for its dead letter: JSON, or a bounded repr when
+    JSON cannot hold them (bytes keys, nesting too deep)."""
+    try:
+        return json.dumps([args, kwargs], default=repr)
+    except (TypeError, ValueError, RecursionError):
+        return reprlib.repr([args, kwargs])
