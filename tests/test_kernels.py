@@ -69,7 +69,6 @@ def test_kernel_death_is_reported_and_next_cell_gets_fresh_guarded_kernel(tmp_pa
             await kernel.execute("x = 1")
             died = await kernel.execute("import os; os._exit(1)")
             assert died.status == "died"
-            assert died.duration < 2
             assert "Kernel died while executing; its state was lost." in died.text
 
             fresh = await kernel.execute("import os; print('x' in globals(), os.getcwd())")
