@@ -44,12 +44,11 @@ from actfleet.workers.models import (
     CODE_TOOL,
     ModelCallError,
     ModelConfigError,
-    code_tool_definition,
     dump_message,
     resolve_model,
     stream_response,
-    subagent_tool_definition,
     system_prompt,
+    tool_definitions,
 )
 from actfleet.workers.outcome import apply, history_of, tool_calls
 from actfleet.workers.runtimes import Runtime, Runtimes
@@ -224,13 +223,10 @@ async def _stream(
     env = turn.envelope(ctx.name, f"{turn.turn_id}:{ref.step_no}")
     chunks = ctx.coalescer()
     model = resolve_model(turn.model, turn.replay or None, "sub" if turn.is_subagent else "main")
-    tools = [code_tool_definition()]
-    if not turn.is_subagent:
-        tools.append(subagent_tool_definition())
     response = await stream_response(
         model,
         messages,
-        tools,
+        tool_definitions(turn.is_subagent),
         on_thinking=lambda t: chunks.add(ThoughtsChunk(**env, content=t), t),
         on_text=lambda t: chunks.add(ResponseChunk(**env, content=t), t),
         timeout=ctx.settings.model_timeout,

@@ -1,0 +1,83 @@
+"""The agent loop's edges, with real nodes and kernels: the tools a model is offered
+(reset_kernel; a tool it was not offered), and what a turn that ends early leaves in the
+agent's history for the next one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from actfleet.broker import events as ev
+from actfleet.client import Client
+from tests.conftest import wait_for, write_replay
+from tests.openai_stub import OpenAIStub, Text
+
+
+@pytest.fixture(scope="module")
+def stub():
+    """A local OpenAI-compatible server; each test sets its script (`stub.responses`)."""
+    with OpenAIStub([Text("unset")]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory, stub: OpenAIStub):
+    from tests.conftest import Fleet
+
+    fleet = Fleet(
+        f"{redis_server}/52",
+        tmp_path_factory.mktemp("fleet"),
+        {"OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "dummy-key"},
+    )
+    try:
+        fleet.start("l1", "--concurrency", "4")
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+@pytest.fixture
+def client(fleet) -> Client:
+    return Client(fleet.redis_url)
+
+
+def events_of(client: Client, session_id: str) -> list[ev.Event]:
+    return list(client.events(session_id, follow=False))
+
+
+def rules_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "rules.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_reset_kernel_restarts_the_kernel_asks_under_ask_and_keeps_files(
+    client: Client, tmp_path: Path
+):
+    replay = write_replay(
+        tmp_path / "r.jsonl",
+        {"code": "x = 1\nopen('keep.txt', 'w').write('kept')\nprint(x)"},
+        {"tool_calls": [{"name": "reset_kernel", "args": {}}]},
+        {"code": "print(open('keep.txt').read())\nprint(x)"},
+        {"text": "reset done"},
+    )
+    policy = rules_file(tmp_path, 'allow = ["code"]\n')
+    handle = client.submit("reset", model=f"replay:{replay}", approval=policy)
+
+    def request() -> ev.ApprovalRequest | None:
+        found = [e for e in events_of(client, handle.session_id) if isinstance(e, ev.ApprovalRequest)]
+        return found[0] if found else None
+
+    asked = wait_for(request, 30, "the approval request of reset_kernel")
+    assert (asked.kind, asked.tool_name) == ("tool", "reset_kernel")
+    client.approve(asked.request_id, args_sha256=asked.args_sha256)
+    result = client.wait(handle, timeout=60)
+    assert (result.status, result.response) == ("finished", "reset done")
+    events = events_of(client, handle.session_id)
+    said = next(e for e in events if isinstance(e, ev.ToolOutput))
+    assert said.tool_name == "reset_kernel" and "kernel was restarted" in said.content
+    outputs = [e for e in events if isinstance(e, ev.CodeExecutionOutput)]
+    assert outputs[0].text.strip() == "1"
+    assert outputs[1].status == "error"
+    assert "kept" in outputs[1].text and "NameError" in outputs[1].text
