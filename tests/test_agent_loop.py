@@ -81,3 +81,23 @@ def test_reset_kernel_restarts_the_kernel_asks_under_ask_and_keeps_files(
     assert outputs[0].text.strip() == "1"
     assert outputs[1].status == "error"
     assert "kept" in outputs[1].text and "NameError" in outputs[1].text
+
+
+def test_a_call_of_an_unknown_tool_asks_nobody_and_the_turn_goes_on(
+    client: Client, tmp_path: Path
+):
+    replay = write_replay(
+        tmp_path / "r.jsonl",
+        {"tool_calls": [{"name": "web_search", "args": {"q": "weather"}}]},
+        {"text": "no web search here"},
+    )
+    handle = client.submit("search", model=f"replay:{replay}", approval="ask")
+    result = client.wait(handle, timeout=30)
+    assert (result.status, result.response) == ("finished", "no web search here")
+    events = events_of(client, handle.session_id)
+    assert not [e for e in events if isinstance(e, ev.ApprovalRequest)]
+    said = next(e for e in events if isinstance(e, ev.ToolOutput))
+    assert said.content == (
+        "[actfleet] Unknown tool 'web_search'; the tools are: "
+        "execute_ipython_cell, reset_kernel, subagent_task."
+    )
