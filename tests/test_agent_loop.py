@@ -66,7 +66,9 @@ def test_reset_kernel_restarts_the_kernel_asks_under_ask_and_keeps_files(
     handle = client.submit("reset", model=f"replay:{replay}", approval=policy)
 
     def request() -> ev.ApprovalRequest | None:
-        found = [e for e in events_of(client, handle.session_id) if isinstance(e, ev.ApprovalRequest)]
+        found = [
+            e for e in events_of(client, handle.session_id) if isinstance(e, ev.ApprovalRequest)
+        ]
         return found[0] if found else None
 
     asked = wait_for(request, 30, "the approval request of reset_kernel")
@@ -83,9 +85,7 @@ def test_reset_kernel_restarts_the_kernel_asks_under_ask_and_keeps_files(
     assert "kept" in outputs[1].text and "NameError" in outputs[1].text
 
 
-def test_a_call_of_an_unknown_tool_asks_nobody_and_the_turn_goes_on(
-    client: Client, tmp_path: Path
-):
+def test_a_call_of_an_unknown_tool_asks_nobody_and_the_turn_goes_on(client: Client, tmp_path: Path):
     replay = write_replay(
         tmp_path / "r.jsonl",
         {"tool_calls": [{"name": "web_search", "args": {"q": "weather"}}]},
