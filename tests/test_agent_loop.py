@@ -11,7 +11,7 @@ import pytest
 from actfleet.broker import events as ev
 from actfleet.client import Client
 from tests.conftest import wait_for, write_replay
-from tests.openai_stub import OpenAIStub, Text
+from tests.openai_stub import ErrorReply, OpenAIStub, Text
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,49 @@ def test_a_call_of_an_unknown_tool_asks_nobody_and_the_turn_goes_on(client: Clie
         "[actfleet] Unknown tool 'web_search'; the tools are: "
         "execute_ipython_cell, reset_kernel, subagent_task."
     )
+
+
+def test_a_turn_cancelled_while_the_model_streams_keeps_its_prompt_and_partial_answer(
+    client: Client, stub: OpenAIStub
+):
+    slow = "Primes below ten: two, three, five, seven. " + "Let me double-check each one. " * 8
+    stub.responses = [Text(slow, delay=0.3), Text("You asked about primes.")]
+    handle = client.submit("Which primes are below ten?", model="openai-chat:stub", approval="auto")
+
+    def streaming() -> bool:
+        chunks = [
+            e for e in events_of(client, handle.session_id) if isinstance(e, ev.ResponseChunk)
+        ]
+        return "two" in "".join(c.content for c in chunks)
+
+    wait_for(streaming, 30, "the model's answer to stream")
+    client.cancel(handle.session_id)
+    assert client.wait(handle, timeout=30).status == "cancelled"
+    partial = next(e for e in events_of(client, handle.session_id) if isinstance(e, ev.Response))
+    assert partial.content.startswith("Primes below ten: two") and partial.content != slow
+
+    second = client.submit(
+        "What did I ask?", model="openai-chat:stub", session_id=handle.session_id, approval="auto"
+    )
+    assert client.wait(second, timeout=30).response == "You asked about primes."
+    seen = [(m["role"], m.get("content")) for m in stub.requests[-1].body["messages"]]
+    assert seen[1:] == [
+        ("user", "Which primes are below ten?"),
+        ("assistant", partial.content),
+        ("user", "What did I ask?"),
+    ]
+    offered = [tool["function"]["name"] for tool in stub.requests[-1].body["tools"]]
+    assert offered == ["execute_ipython_cell", "reset_kernel", "subagent_task"]
+
+
+def test_a_failed_first_model_step_keeps_the_prompt(client: Client, stub: OpenAIStub):
+    stub.responses = [ErrorReply(400, "the request was refused")]
+    handle = client.submit("First question", model="openai-chat:stub", approval="auto")
+    result = client.wait(handle, timeout=30)
+    assert result.status == "failed" and "the request was refused" in result.error
+    second = client.submit(
+        "Second question", model="openai-chat:stub", session_id=handle.session_id, approval="auto"
+    )
+    client.wait(second, timeout=30)  # refused again (no answer yet): what matters is what it saw
+    seen = [(m["role"], m.get("content")) for m in stub.requests[-1].body["messages"]]
+    assert seen[1:] == [("user", "First question"), ("user", "Second question")]
