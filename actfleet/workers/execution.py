@@ -172,6 +172,7 @@ def output_event(call: ToolCallPart, env: dict[str, Any], outcome: dict[str, Any
             images=outcome.get("images", []),
             truncated=outcome.get("truncated", False),
             output_ref=outcome.get("output_ref", ""),
+            lines=outcome.get("lines", 0),
             status=outcome["status"],
         )
     return ToolOutput(**env, tool_name=call.tool_name, content=outcome["text"])
@@ -208,10 +209,8 @@ async def _refusals(
             if record.status == "pending":
                 pending.append(record)
             elif record.status != "approved":
-                why = record.reason or "no reason given"
                 refused[call.tool_call_id] = (
-                    f"[actfleet] Rejected ({record.status}) by {record.approver}: {why}. "
-                    "Nothing of this response ran; the turn ended."
+                    f"[actfleet] {_refusal(record)}. Nothing of this response ran; the turn ended."
                 )
     if refused:
         for record in pending:
@@ -232,6 +231,14 @@ async def _reset(runtime: Runtime, kernel_of: KernelOf) -> dict[str, Any]:
     except KernelStartError as exc:
         return {"status": "error", "text": f"[actfleet] The kernel did not restart: {exc}"}
     return {"status": "ok", "text": RESET}
+
+
+def _refusal(record: ApprovalRecord) -> str:
+    """Why a decided request refused its call: who rejected it and why, or how it ended
+    without a human (expired, withdrawn)."""
+    if record.status == "rejected":
+        return f"Rejected by {record.approver}" + (f": {record.reason}" if record.reason else "")
+    return f"Rejected ({record.reason or record.status})"
 
 
 async def _run_call(
@@ -266,10 +273,12 @@ async def _run_call(
         on_output=lambda t: chunks.add(CodeExecutionOutputChunk(**env, text=t), t),
     )
     await chunks.flush()
+    whole = result.full_text if result.full_text is not None else result.text
     outcome: dict[str, Any] = {
         "status": result.status,
         "text": result.text,
         "truncated": result.truncated,
+        "lines": whole.count("\n") + (not whole.endswith("\n") and bool(whole)),
     }
     ttl = ctx.settings.output_ttl
     if result.truncated and result.full_text is not None:
