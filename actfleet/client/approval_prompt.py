@@ -112,11 +112,11 @@ class Walker:
                     show(self.console, record)
                 self._approve(record, note=f"matches {pattern}", what=subject(record))
                 return True
-        if on_screen:
-            question = rf"approve {record.id}{_expiry(record)}? \[y]es \[n]o \[a]lways \[q]uit"
+        question = r"approve? \[y]es \[n]o \[a]lways \[q]uit"
+        if on_screen:  # the request's line just above names it
+            question += _expiry(record)
         else:
             show(self.console, record)
-            question = r"approve? \[y]es \[n]o \[a]lways \[q]uit"
         answer = Prompt.ask(
             question,
             choices=["y", "n", "a", "q"],
