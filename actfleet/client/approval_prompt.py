@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.prompt import Prompt
 from rich.syntax import Syntax
@@ -42,7 +43,7 @@ def show(console: Console, record: ApprovalRecord) -> None:
     console.print(
         Panel(
             body,
-            title=title,
+            title=escape(title),
             title_align="left",
             border_style="magenta",
             subtitle=f"sha256 {record.args_sha256[:16]}…",
