@@ -23,10 +23,10 @@ def stub():
 
 @pytest.fixture(scope="module")
 def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory, stub: OpenAIStub):
-    from tests.conftest import Fleet
+    from tests.conftest import Fleet, new_db_url
 
     fleet = Fleet(
-        f"{redis_server}/52",
+        new_db_url(redis_server),
         tmp_path_factory.mktemp("fleet"),
         {"OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "dummy-key"},
     )

@@ -110,9 +110,9 @@ def test_a_pattern_approval_shows_what_it_approved():
 
 @pytest.fixture(scope="module")
 def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory):
-    from tests.conftest import Fleet
+    from tests.conftest import Fleet, new_db_url
 
-    fleet = Fleet(f"{redis_server}/53", tmp_path_factory.mktemp("fleet"))
+    fleet = Fleet(new_db_url(redis_server), tmp_path_factory.mktemp("fleet"))
     try:
         fleet.start("r1", "--concurrency", "4")
         yield fleet
