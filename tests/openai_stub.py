@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +23,8 @@ class Text:
 
     content: str
     thinking: str | None = None
+    delay: float = 0.0
+    """Seconds between streamed pieces (a slow model, for cancelling mid-stream)."""
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,14 @@ class _Handler(BaseHTTPRequestHandler):
             "created": 1_700_000_000,
             "model": stub.model,
         }
-        for delta in deltas:
-            self._event({**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        delay = response.delay if isinstance(response, Text) else 0.0
+        try:
+            for delta in deltas:
+                choice = {"index": 0, "delta": delta, "finish_reason": None}
+                self._event({**chunk, "choices": [choice]})
+                time.sleep(delay)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client went away (a cancelled stream)
         finish = "tool_calls" if isinstance(response, CodeCall) else "stop"
         self._event({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         if (body.get("stream_options") or {}).get("include_usage"):

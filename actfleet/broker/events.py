@@ -102,6 +102,8 @@ class CodeExecutionOutput(Event):
     images: list[str] = field(default_factory=list)
     truncated: bool = False
     output_ref: str = ""
+    lines: int = 0
+    """Lines of the whole output (of which a truncated `text` is a preview)."""
     status: str = "ok"
     """ok, error, interrupted, restarted, died or lost (its node died while it ran)."""
 

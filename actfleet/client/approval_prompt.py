@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.prompt import Prompt
 from rich.syntax import Syntax
@@ -15,6 +16,7 @@ from rich.text import Text
 
 from actfleet.broker.approvals import DecisionRefused
 from actfleet.broker.records import ApprovalRecord
+from actfleet.client.render import SHOWN_REQUESTS
 from actfleet.client.sdk import Client
 
 SUBCOMMAND_TOOLS = {"git", "pip", "uv", "npm", "docker", "kubectl", "cargo", "apt", "make"}
@@ -41,13 +43,24 @@ def show(console: Console, record: ApprovalRecord) -> None:
     console.print(
         Panel(
             body,
-            title=title,
+            title=escape(title),
             title_align="left",
             border_style="magenta",
             subtitle=f"sha256 {record.args_sha256[:16]}…",
             subtitle_align="right",
         )
     )
+
+
+def subject(record: ApprovalRecord) -> str:
+    """What a request is about, in one line: its command, tool or subagent prompt."""
+    if record.kind == "shell":
+        return f"shell: {record.args.get('cmd', '')}"
+    if record.kind == "subagent":
+        return f"subagent: {record.args.get('prompt', '')}"
+    if record.kind == "tool":
+        return f"tool: {record.tool_name}"
+    return "code"
 
 
 def suggest_pattern(record: ApprovalRecord) -> str:
@@ -75,7 +88,12 @@ def matches(pattern: str, record: ApprovalRecord) -> bool:
 @dataclass
 class Walker:
     """Decides requests one by one: y approve, n reject (with a reason), a approve this and
-    every later request of the session matching an editable pattern, q quit."""
+    every later request of the session matching an editable pattern, q quit.
+
+    A request this process rendered (`actfleet run` in a terminal: its code or command is
+    on the screen just above) is asked about without repeating it, and the decision's
+    line is left to its event; elsewhere (`actfleet approvals --interactive`) the request
+    is shown in full and the decision confirmed."""
 
     client: Client
     console: Console
@@ -88,13 +106,20 @@ class Walker:
         if record.id in self.seen:
             return True
         self.seen.add(record.id)
+        on_screen = record.id in SHOWN_REQUESTS
         for pattern in self.patterns.get(record.session_id, []):
             if matches(pattern, record):
-                self._approve(record, note=f"matches {pattern}")
+                if not on_screen and record.kind == "code":
+                    show(self.console, record)
+                self._approve(record, note=f"matches {pattern}", what=subject(record))
                 return True
-        show(self.console, record)
+        question = r"approve? \[y]es \[n]o \[a]lways \[q]uit"
+        if on_screen:  # the request's line just above names it
+            question += _expiry(record)
+        else:
+            show(self.console, record)
         answer = Prompt.ask(
-            r"approve? \[y]es \[n]o \[a]lways \[q]uit",
+            question,
             choices=["y", "n", "a", "q"],
             console=self.console,
             show_choices=False,
@@ -117,14 +142,28 @@ class Walker:
                 self.client.reject(
                     record.id, args_sha256=record.args_sha256, reason=reason, approver=self.approver
                 )
-                self.console.print(Text(f"rejected {record.id}", style="red"))
+                if not on_screen:
+                    self.console.print(Text(f"rejected {record.id}", style="red"))
             except DecisionRefused as exc:
                 self.console.print(Text(f"refused: {exc}", style="yellow"))
         return True
 
-    def _approve(self, record: ApprovalRecord, note: str = "") -> None:
+    def _approve(self, record: ApprovalRecord, note: str = "", what: str = "") -> None:
+        """Approve, recording `note` as the decision's reason; confirmed here unless the
+        decision's event will be shown here."""
         try:
-            self.client.approve(record.id, args_sha256=record.args_sha256, approver=self.approver)
-            self.console.print(Text(f"approved {record.id} {note}".rstrip(), style="green"))
+            self.client.approve(
+                record.id, args_sha256=record.args_sha256, approver=self.approver, reason=note
+            )
         except DecisionRefused as exc:
             self.console.print(Text(f"refused: {exc}", style="yellow"))
+            return
+        if record.id not in SHOWN_REQUESTS:
+            line = f"approved {record.id}" + (f" ({what})" if what else "")
+            self.console.print(Text(line + (f" · {note}" if note else ""), style="green"))
+
+
+def _expiry(record: ApprovalRecord) -> str:
+    if not record.expires_at:
+        return ""
+    return f" (expires in {max(0, record.expires_at - time.time()):.0f} s)"

@@ -774,3 +774,18 @@ def demo(
     from actfleet.client.demo import run_demo
 
     raise typer.Exit(run_demo(redis_url))
+
+
+@app.command()
+def output(
+    ref: Annotated[str, typer.Argument(help="A truncated output's ref, as run and watch show it.")],
+    redis_url: RedisUrl = None,
+) -> None:
+    """Print the whole output of a cell whose output was truncated (the model and the
+    terminal got its head and tail). Kept for ACTFLEET_OUTPUT_TTL seconds (7 days)."""
+    client = _connected(redis_url)
+    try:
+        whole = client.output(ref)
+    except KeyError as exc:
+        raise _fail(str(exc.args[0])) from None
+    sys.stdout.write(whole if whole.endswith("\n") or not whole else whole + "\n")

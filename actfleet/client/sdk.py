@@ -323,10 +323,11 @@ class Client:
             raise DecisionRefused(f"{exc}; it cannot be decided") from None
 
     def approve(
-        self, request_id: str, *, args_sha256: str, approver: str | None = None
+        self, request_id: str, *, args_sha256: str, approver: str | None = None, reason: str = ""
     ) -> ApprovalRecord:
-        """Approve the request made for exactly these arguments; DecisionRefused otherwise."""
-        return self._decide(request_id, "approved", args_sha256, approver, "")
+        """Approve the request made for exactly these arguments; DecisionRefused otherwise.
+        `reason` is recorded with the decision (e.g. the pattern that approved it)."""
+        return self._decide(request_id, "approved", args_sha256, approver, reason)
 
     def reject(
         self, request_id: str, *, args_sha256: str, reason: str = "", approver: str | None = None

@@ -19,7 +19,7 @@ from actfleet.broker.policy import Policy
 from actfleet.broker.records import ApprovalRecord, BadRecord, StepRef, TurnRecord
 from actfleet.broker.transitions import DecisionStatus, text
 from actfleet.workers.context import NodeContext
-from actfleet.workers.models import CODE_TOOL, SUBAGENT_TOOL
+from actfleet.workers.models import CODE_TOOL, SUBAGENT_TOOL, tool_names
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ToolCallPart
@@ -217,11 +217,16 @@ def apply_policy(
 ) -> tuple[dict[str, dict[str, str]], list[ApprovalRecord]]:
     """Each call's verdict under the turn's policy, and the requests to open for those that
     need a human (each resumes `execution`). A deny anywhere opens none: the turn ends
-    rejected."""
+    rejected. A call of a tool the agent was not offered asks nobody: it runs nothing and
+    its result is an error naming the tools (as freeact answers it)."""
     policy = policy_of(turn.options)
+    offered = tool_names(turn.is_subagent)
     decisions: dict[str, dict[str, str]] = {}
     requests: list[ApprovalRecord] = []
     for call in calls:
+        if call.tool_name not in offered:
+            decisions[call.tool_call_id] = {"verdict": "unknown", "rule": ""}
+            continue
         args = call.args_as_dict()
         kind, subject = action_of(call.tool_name, args)
         verdict, rule = policy.decide(kind, subject)

@@ -25,8 +25,8 @@ from actfleet.broker.records import ApprovalRecord, BadRecord, StepRef, TurnReco
 from actfleet.broker.transitions import Advance, End, Outcome, Park, Progress, text
 from actfleet.workers.approvals import Approvals, ShellGate, action_of, policy_of, refused_event
 from actfleet.workers.context import NodeContext
-from actfleet.workers.kernel import Kernel
-from actfleet.workers.models import CODE_TOOL, SUBAGENT_TOOL, dump_message
+from actfleet.workers.kernel import Kernel, KernelStartError
+from actfleet.workers.models import CODE_TOOL, RESET_TOOL, SUBAGENT_TOOL, dump_message, tool_names
 from actfleet.workers.outcome import history_of, tool_calls
 from actfleet.workers.runtimes import Runtime
 
@@ -39,6 +39,10 @@ LOST = (
 NOT_RUN = "[actfleet] Not run: the kernel was lost before this call started."
 NOT_RUN_REJECTED = "[actfleet] Not run: another action of this response was rejected."
 NESTED = "[actfleet] subagent_task is not available to subagents: subagents cannot nest."
+RESET = (
+    "[actfleet] The kernel was restarted: variables, imports and definitions from earlier "
+    "cells are gone; files in the working directory are kept."
+)
 
 
 async def execution_step(
@@ -168,6 +172,7 @@ def output_event(call: ToolCallPart, env: dict[str, Any], outcome: dict[str, Any
             images=outcome.get("images", []),
             truncated=outcome.get("truncated", False),
             output_ref=outcome.get("output_ref", ""),
+            lines=outcome.get("lines", 0),
             status=outcome["status"],
         )
     return ToolOutput(**env, tool_name=call.tool_name, content=outcome["text"])
@@ -204,10 +209,8 @@ async def _refusals(
             if record.status == "pending":
                 pending.append(record)
             elif record.status != "approved":
-                why = record.reason or "no reason given"
                 refused[call.tool_call_id] = (
-                    f"[actfleet] Rejected ({record.status}) by {record.approver}: {why}. "
-                    "Nothing of this response ran; the turn ended."
+                    f"[actfleet] {_refusal(record)}. Nothing of this response ran; the turn ended."
                 )
     if refused:
         for record in pending:
@@ -215,6 +218,27 @@ async def _refusals(
                 record, "withdrawn", "another action of the same response was rejected"
             )
     return refused
+
+
+async def _reset(runtime: Runtime, kernel_of: KernelOf) -> dict[str, Any]:
+    """reset_kernel: the agent's kernel restarts (a fresh process, the working directory
+    kept); a runtime whose kernel was never started gets a fresh one anyway."""
+    started = runtime.kernel is not None
+    try:
+        kernel = await kernel_of(runtime)
+        if started:
+            await kernel.restart()
+    except KernelStartError as exc:
+        return {"status": "error", "text": f"[actfleet] The kernel did not restart: {exc}"}
+    return {"status": "ok", "text": RESET}
+
+
+def _refusal(record: ApprovalRecord) -> str:
+    """Why a decided request refused its call: who rejected it and why, or how it ended
+    without a human (expired, withdrawn)."""
+    if record.status == "rejected":
+        return f"Rejected by {record.approver}" + (f": {record.reason}" if record.reason else "")
+    return f"Rejected ({record.reason or record.status})"
 
 
 async def _run_call(
@@ -228,10 +252,13 @@ async def _run_call(
     """Run one tool call; the outcome is plain data so it can be recorded in Redis."""
     if call.tool_name == SUBAGENT_TOOL:
         return {"status": "error", "text": NESTED}
+    if call.tool_name == RESET_TOOL:
+        return await _reset(runtime, kernel_of)
     if call.tool_name != CODE_TOOL:
+        tools = ", ".join(tool_names(turn.is_subagent))
         return {
             "status": "unknown_tool",
-            "text": f"Unknown tool {call.tool_name!r}; the only tool is {CODE_TOOL}.",
+            "text": f"[actfleet] Unknown tool {call.tool_name!r}; the tools are: {tools}.",
         }
     code = call.args_as_dict().get("code")
     if not isinstance(code, str):
@@ -246,10 +273,12 @@ async def _run_call(
         on_output=lambda t: chunks.add(CodeExecutionOutputChunk(**env, text=t), t),
     )
     await chunks.flush()
+    whole = result.full_text if result.full_text is not None else result.text
     outcome: dict[str, Any] = {
         "status": result.status,
         "text": result.text,
         "truncated": result.truncated,
+        "lines": whole.count("\n") + (not whole.endswith("\n") and bool(whole)),
     }
     ttl = ctx.settings.output_ttl
     if result.truncated and result.full_text is not None:

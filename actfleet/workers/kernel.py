@@ -369,6 +369,14 @@ class Kernel:
                 duration=time.monotonic() - started,
             )
 
+    async def restart(self) -> None:
+        """A fresh process in place of the current one, init applied (the model's
+        reset_kernel): the kernel's state is gone, its working directory stays."""
+        async with self._lock:
+            self._check_open()
+            await self._settle_replacement()
+            await self._replace_process()
+
     async def interrupt(self) -> None:
         """Interrupt the running cell, if any (SIGINT to the kernel's process group)."""
         if self._process is not None:

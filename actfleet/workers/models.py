@@ -143,6 +143,38 @@ def subagent_tool_definition() -> ToolDefinition:
     )
 
 
+RESET_TOOL = "reset_kernel"
+
+
+def reset_tool_definition() -> ToolDefinition:
+    """`reset_kernel()`: a fresh kernel in place of the agent's (freeact's `ipybox_reset`)."""
+    return ToolDefinition(
+        name=RESET_TOOL,
+        description=(
+            "Restart your IPython kernel: every variable, import and definition is gone and "
+            "the next execute_ipython_cell call runs in a fresh kernel. Files in the working "
+            "directory are kept. Use it when the kernel's state is broken or you need a "
+            "clean start."
+        ),
+        parameters_json_schema={"type": "object", "properties": {}, "additionalProperties": False},
+        sequential=True,
+    )
+
+
+def tool_definitions(is_subagent: bool) -> list[ToolDefinition]:
+    """The tools offered to an agent: the code tool, reset_kernel, and for a main agent
+    subagent_task (subagents cannot nest)."""
+    tools = [code_tool_definition(), reset_tool_definition()]
+    if not is_subagent:
+        tools.append(subagent_tool_definition())
+    return tools
+
+
+def tool_names(is_subagent: bool) -> list[str]:
+    """The names of the tools offered to an agent, in the order they are offered."""
+    return [tool.name for tool in tool_definitions(is_subagent)]
+
+
 def code_tool_definition() -> ToolDefinition:
     """`execute_ipython_cell(code: str)`, described as ipybox describes it to the model."""
     return ToolDefinition(

@@ -9,8 +9,10 @@ Each returns an outcome; `outcome.apply` commits it and sends what comes next.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_ai.messages import (
@@ -44,12 +46,11 @@ from actfleet.workers.models import (
     CODE_TOOL,
     ModelCallError,
     ModelConfigError,
-    code_tool_definition,
     dump_message,
     resolve_model,
     stream_response,
-    subagent_tool_definition,
     system_prompt,
+    tool_definitions,
 )
 from actfleet.workers.outcome import apply, history_of, tool_calls
 from actfleet.workers.runtimes import Runtime, Runtimes
@@ -107,10 +108,13 @@ class Steps:
             if claim.turn is None or claim.verdict not in ("ok", "cancel"):
                 return
             turn = claim.turn
+            draft = Draft()
             if claim.verdict == "cancel":
                 outcome = await self._cancelled(turn, turn.cancel_phase or "between_steps")
             else:
-                outcome = await self._run_cancellable(runtime, turn, ref, previous)
+                outcome = await self._run_cancellable(runtime, turn, ref, previous, draft)
+            if ref.kind == "model" and isinstance(outcome, End) and outcome.status != "finished":
+                outcome = await keep_unanswered(ctx, runtime, turn, ref, draft, outcome)
             await apply(ctx, turn, ref, outcome)
 
     async def _current(self, ref: StepRef) -> bool:
@@ -132,9 +136,9 @@ class Steps:
         return transitions.Claim("ok", ctx.name, turn)
 
     async def _run_cancellable(
-        self, runtime: Runtime, turn: TurnRecord, ref: StepRef, previous: str
+        self, runtime: Runtime, turn: TurnRecord, ref: StepRef, previous: str, draft: Draft
     ) -> Outcome:
-        work = asyncio.ensure_future(self._run(runtime, turn, ref, previous))
+        work = asyncio.ensure_future(self._run(runtime, turn, ref, previous, draft))
         self.running[ref.encode()] = (work, ref.session_id)
         try:
             return await asyncio.shield(work)
@@ -146,11 +150,11 @@ class Steps:
             self.running.pop(ref.encode(), None)
 
     async def _run(
-        self, runtime: Runtime, turn: TurnRecord, ref: StepRef, previous: str
+        self, runtime: Runtime, turn: TurnRecord, ref: StepRef, previous: str, draft: Draft
     ) -> Outcome:
         try:
             if ref.kind == "model":
-                return await model_step(self.ctx, runtime, turn, ref)
+                return await model_step(self.ctx, runtime, turn, ref, draft)
             if ref.kind == "execution":
                 kernel = self.runtimes.kernel
                 return await execution_step(
@@ -174,20 +178,28 @@ class Steps:
         return End("cancelled", phase=phase)
 
 
-async def model_step(ctx: NodeContext, runtime: Runtime, turn: TurnRecord, ref: StepRef) -> Outcome:
+@dataclass
+class Draft:
+    """What a model step has that the agent's history keeps when the turn ends before the
+    step completes (cancelled, failed): the turn's opening request and the answer text
+    streamed so far, as freeact keeps them, so the next turn's model sees what was asked."""
+
+    request: ModelRequest | None = None
+    text: list[str] = field(default_factory=list)
+
+
+async def model_step(
+    ctx: NodeContext, runtime: Runtime, turn: TurnRecord, ref: StepRef, draft: Draft
+) -> Outcome:
     history = await history_of(ctx, runtime)
     max_turns = turn.options.get("max_turns")
     if max_turns is not None and turn.rounds >= max_turns:
         return End("finished", reason="max_turns", response=turn.last_text)
     added: list[Any] = []
     if ref.step_no == 1:
-        parts: list[Any] = []
-        if not history:
-            code_dir = WORKSPACE if ctx.settings.sandbox else runtime.workdir
-            parts.append(SystemPromptPart(content=system_prompt(str(code_dir))))
-        parts.append(UserPromptPart(content=turn.prompt))
-        added.append(ModelRequest(parts=parts))
-    response = await _stream(ctx, runtime, turn, ref, history + added)
+        draft.request = opening_request(ctx, runtime, turn, history)
+        added.append(draft.request)
+    response = await _stream(ctx, runtime, turn, ref, history + added, draft)
     added.append(response)
     events, answer = _response_events(ctx, turn, ref, response)
     calls = tool_calls(response)
@@ -217,22 +229,65 @@ async def model_step(ctx: NodeContext, runtime: Runtime, turn: TurnRecord, ref: 
     return Advance("execution", history_items, events, progress)
 
 
+def opening_request(
+    ctx: NodeContext, runtime: Runtime, turn: TurnRecord, history: list[Any]
+) -> ModelRequest:
+    """A turn's first request: its prompt, after the system prompt if the agent has no
+    history yet."""
+    parts: list[Any] = []
+    if not history:
+        code_dir = WORKSPACE if ctx.settings.sandbox else runtime.workdir
+        parts.append(SystemPromptPart(content=system_prompt(str(code_dir))))
+    parts.append(UserPromptPart(content=turn.prompt))
+    return ModelRequest(parts=parts)
+
+
+async def keep_unanswered(
+    ctx: NodeContext, runtime: Runtime, turn: TurnRecord, ref: StepRef, draft: Draft, end: End
+) -> End:
+    """A turn that ends in a model step (cancelled, failed) keeps its prompt and the
+    partial answer in the agent's history (and the partial answer as a Response event)."""
+    messages: list[Any] = []
+    if ref.step_no == 1:
+        messages.append(
+            draft.request or opening_request(ctx, runtime, turn, await history_of(ctx, runtime))
+        )
+    partial = "".join(draft.text)
+    events = list(end.events)
+    if partial:
+        messages.append(ModelResponse(parts=[TextPart(content=partial)], model_name=turn.model))
+        env = turn.envelope(ctx.name, f"{turn.turn_id}:{ref.step_no}")
+        events.append(Response(**env, content=partial))
+    if not messages:
+        return end
+    history = [*end.history, *(dump_message(m) for m in messages)]
+    return dataclasses.replace(end, history=history, events=events)
+
+
 async def _stream(
-    ctx: NodeContext, runtime: Runtime, turn: TurnRecord, ref: StepRef, messages: list[Any]
+    ctx: NodeContext,
+    runtime: Runtime,
+    turn: TurnRecord,
+    ref: StepRef,
+    messages: list[Any],
+    draft: Draft,
 ) -> ModelResponse:
-    """One streamed model request; thinking and text chunks go to the stream as they come."""
+    """One streamed model request; thinking and text chunks go to the stream as they come,
+    and the text to the draft."""
     env = turn.envelope(ctx.name, f"{turn.turn_id}:{ref.step_no}")
     chunks = ctx.coalescer()
     model = resolve_model(turn.model, turn.replay or None, "sub" if turn.is_subagent else "main")
-    tools = [code_tool_definition()]
-    if not turn.is_subagent:
-        tools.append(subagent_tool_definition())
+
+    def on_text(piece: str) -> None:
+        draft.text.append(piece)
+        chunks.add(ResponseChunk(**env, content=piece), piece)
+
     response = await stream_response(
         model,
         messages,
-        tools,
+        tool_definitions(turn.is_subagent),
         on_thinking=lambda t: chunks.add(ThoughtsChunk(**env, content=t), t),
-        on_text=lambda t: chunks.add(ResponseChunk(**env, content=t), t),
+        on_text=on_text,
         timeout=ctx.settings.model_timeout,
     )
     await chunks.flush()
