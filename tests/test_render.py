@@ -209,7 +209,11 @@ def test_run_asks_without_repeating_the_code_and_says_each_decision_once(fleet, 
     run.sendline("not today")
     run.expect(pexpect.EOF)
     run.close()
-    out = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", log.getvalue()).replace("\r\n", "\n")
+    out = (
+        re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", log.getvalue())
+        .replace("\r\n", "\n")
+        .replace("\r", "\n")
+    )
     assert out.count("print('approved cell')") == out.count("print('rejected cell')") == 1
     assert len(re.findall(r"approved (?:by|a-)", out)) == 1
     assert re.search(r"^✓ a-\w+ approved by \S+$", out, re.M)
