@@ -215,7 +215,8 @@ def _summary(examples: list[Example], console: Console) -> int:
         )
     console.print(table)
     console.print(
-        "Every session's events stay in its Redis stream: [bold]actfleet watch "
-        "SESSION --no-follow[/] shows them again (while that Redis runs)."
+        "Every session's events are in its Redis stream: [bold]actfleet watch SESSION "
+        "--no-follow[/] shows them again. The demo's private Redis stops with it; give "
+        "[bold]--redis-url[/] to keep the sessions in yours."
     )
     return 1 if failures else 0
