@@ -897,12 +897,23 @@ def queue_junk(ref: str = "s-x|main|t-x|1|model") -> dict[str, bytes]:
     }
 
 
-BROADCAST_JUNK = [b"not json {", b'{"body": "!!!"}', envelope(b"\xc1")]
+BROADCAST_JUNK = [
+    b"not json {",
+    b"",
+    b"\xff\xfe",
+    b"[" * 100_000 + b"]" * 100_000,
+    b"[1, 2]",
+    b'{"body": "!!!"}',
+    envelope(b"\xc1"),
+]
 """Junk on Celery's broadcast (remote-control) channel that every node reads."""
 CHANNEL_JUNK = [b"../not an id", b"\xff\xfe", b"", b"x" * 10_000]
 """Junk published on each reply channel (decided, cancels)."""
 SET_JUNK = [b"junk", b"a|b|c", b"\xff\xfe|x", b"../..|main|t|1|model", b"s|main|t|x|model"]
 """Junk members of the dispatch set; the pumps set gets the first three."""
+NODE_JUNK = [b"\xff\xfe node", b"ghost-node"]
+"""Junk members of the node registry: a name that is no text (dead-lettered) and a node
+that never beat (taken over like a dead one: removed)."""
 
 
 def stream_junk() -> list[dict[bytes, bytes]]:
@@ -955,7 +966,11 @@ def run_junk(nodes: int = 3, *, bystanders: int = 3, timeout: float = 120) -> Re
                     sent["queue messages"] += 1
             expected["queue"] += len(kinds) * (nodes + 1)
             # Celery's broadcast channel: every node reads each message.
-            wait_until(lambda: r.pubsub_numpat() >= nodes, 30, "the nodes' broadcast subscription")
+            wait_until(
+                lambda: sum(int(c["psub"]) > 0 for c in r.client_list()) >= nodes,
+                30,
+                "the nodes' broadcast subscriptions",
+            )
             for body in BROADCAST_JUNK:
                 r.publish("/0.celery.pidbox", body)
                 sent["broadcast messages"] += 1
@@ -973,6 +988,9 @@ def run_junk(nodes: int = 3, *, bystanders: int = 3, timeout: float = 120) -> Re
             r.sadd(KEYS.pumps(), *SET_JUNK[:3])
             sent["pump entries"] += 3
             expected[KEYS.pumps()] += 3
+            r.sadd(KEYS.nodes(), *NODE_JUNK)
+            sent["node names"] += len(NODE_JUNK)
+            expected[KEYS.nodes()] += 1
             for i, raw in enumerate(({"session_id": "x"}, {"status": "\xff"}, {"a": "b"})):
                 rid = f"req-junk-{i}"
                 r.hset(KEYS.approval(rid), mapping=raw)
@@ -1012,6 +1030,8 @@ def run_junk(nodes: int = 3, *, bystanders: int = 3, timeout: float = 120) -> Re
                     )
             audit(client, turns + canary, marks, report)
             report.counters["stream entries injected"] = injected
+            names_left = {m.decode(errors="replace") for m in r.smembers(KEYS.nodes())}
+            report.counters["junk node names left"] = len(names_left - set(names))
             canary_done = status(client, canary[0]) == "finished"
             report.counters["canary turn"] = status(client, canary[0])
             leftovers(r, report, fleet)
@@ -1027,6 +1047,7 @@ def run_junk(nodes: int = 3, *, bystanders: int = 3, timeout: float = 120) -> Re
         got == expected,
     )
     report.must("the canary turn after the junk finished", canary_done)
+    report.must("no junk node name left", k["junk node names left"] == 0)
     report.must(
         "the turns running through the junk finished",
         k["turns finished"] == len(turns) + 1,
