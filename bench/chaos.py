@@ -473,16 +473,16 @@ def _audit_turn(
     started = [e for e in mine if isinstance(e, TurnStarted)]
     terminal = [e for e in mine if e.type in ("TurnFinished", "TurnFailed", "Cancelled")]
     state = status(client, turn)
-    if not state or not started or (state in _ENDED and len(terminal) != 1):
+    if state and state not in _ENDED:
+        c["turns stranded"] += 1
+        report.notes.append(f"{turn_id} ({turn.session_id}, {turn.kind}) stranded: {state}")
+        return
+    if not state or len(started) != 1 or len(terminal) != 1:
         c["turns lost"] += 1
         report.notes.append(
             f"{turn_id} ({turn.session_id}) lost: record {state or 'gone'}, "
             f"{len(started)} TurnStarted, {len(terminal)} terminal events"
         )
-        return
-    if state not in _ENDED:
-        c["turns stranded"] += 1
-        report.notes.append(f"{turn_id} ({turn.session_id}, {turn.kind}) stranded: {state}")
         return
     end = terminal[0]
     ends[turn_id] = end.ts

@@ -32,6 +32,20 @@ class Undeliverable(Exception):
 
 
 class Channel(kombu_redis.Channel):
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        """kombu's connection parameters, remembered. When the connection to Redis is
+        lost, kombu clears the transport's client before the channel has put its
+        unacknowledged messages back, and before the steps still running acknowledge
+        theirs; each of those then failed with an AttributeError that stopped the node
+        (Celery: "Unrecoverable error"). With the parameters remembered, they reach Redis
+        again (or fail with a connection error, which kombu and Celery handle)."""
+        remembered = self.__dict__.setdefault("_remembered_connparams", {})
+        if self.connection.client is None and asynchronous in remembered:
+            return dict(remembered[asynchronous])
+        params = super()._connparams(asynchronous=asynchronous)
+        remembered[asynchronous] = dict(params)
+        return params
+
     def _brpop_read(self, **options: Any) -> bool:
         try:
             return super()._brpop_read(**options)
