@@ -517,6 +517,9 @@ def leftovers(client: redis.Redis, report: Report, fleet: Fleet) -> None:
     report.notes += [f"node died: {d}" for d in fleet.died]
     report.counters["unclean drains"] = len(unclean)
     report.notes += [f"unclean drain: {u}" for u in unclean]
+    report.counters["steps recovered from nodes taken over"] = sum(
+        fleet.log(name, chars=10**9).count(" recovering ") for name in fleet.procs
+    )
     report.counters["leases left (after drain)"] = count_keys(client, KEYS.lease("*", "*"))
     report.counters["runtimes left (after drain)"] = sum(
         client.scard(k) for k in client.scan_iter(match=KEYS.node_agents("*"))
@@ -689,12 +692,15 @@ def run_redis_restart(
     cell_seconds: float = 1.5,
     nodes: int = 3,
     within: float = 60.0,
+    lease_ttl: float = 10.0,
     seed: int | None = None,
 ) -> Report:
     """Redis stopped and started again `restarts` times (`down` seconds each) while
     `running` turns run, `queued` wait behind some of them and `parked` wait for an
     approval; every turn must end, completed, within `within` s of the last restart, and
-    no node may exit."""
+    no node may exit. Nodes run with `lease_ttl` (default: the production 10 s, beating
+    every 2 s): an outage longer than about `lease_ttl` less a beat lets heartbeats
+    expire, and the nodes then take each other's work over, alive as they are."""
     rng = random.Random(seed)
     report = Report(
         f"redis-restart ({running} running, {queued} queued, {parked} parked; "
@@ -705,7 +711,9 @@ def run_redis_restart(
         server = RedisServer(workdir, appendonly=True)
         server.start()
         capacity = max(4, (running + parked) // nodes + 3)
-        fleet = Fleet(server.url, workdir, kernels=capacity, concurrency=capacity + 2)
+        beat = min(2.0, lease_ttl / 5)
+        leases = {"ACTFLEET_LEASE_TTL": str(lease_ttl), "ACTFLEET_HEARTBEAT_INTERVAL": str(beat)}
+        fleet = Fleet(server.url, workdir, kernels=capacity, concurrency=capacity + 2, env=leases)
         client = Client(server.url)
         try:
             fleet.start([f"node-{i + 1}" for i in range(nodes)])
@@ -737,8 +745,9 @@ def run_redis_restart(
                 f"{n} {s}" for s, n in sorted(at_first.items())
             )
             last_up = 0.0
-            outages = []
+            outages, open_turns = [], []
             for _ in range(restarts):
+                open_turns.append(sum(status(client, t) not in _ENDED for t in turns))
                 server.stop()
                 stopped = time.monotonic()
                 time.sleep(down)
@@ -749,6 +758,7 @@ def run_redis_restart(
                 time.sleep(up_between)
                 fleet.check()
             report.counters["outages (s)"] = ", ".join(map(str, outages))
+            report.counters["turns not ended at each restart"] = ", ".join(map(str, open_turns))
             report.counters["nodes alive after the restarts"] = len(fleet.alive())
             approver = Approver(client, [t for t in turns if t.kind == "parked"])
             approver.start()
@@ -1080,6 +1090,7 @@ def main(argv: list[str] | None = None) -> int:
     restart.add_argument("--parked", type=int, default=5)
     restart.add_argument("--restarts", type=int, default=3)
     restart.add_argument("--down", type=float, default=3.0)
+    restart.add_argument("--lease-ttl", type=float, default=10.0)
     sub.add_parser("junk", help="junk on every queue, channel and stream")
     sub.add_parser("all", help="the three scenarios with their defaults")
     for p in sub.choices.values():
@@ -1097,7 +1108,14 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(run_kills(nodes=args.nodes, seed=seed, **options))
         print(reports[-1].table(), flush=True)
     if args.scenario in ("redis-restart", "all"):
-        options = {"running": 20, "queued": 3, "parked": 5, "restarts": 3, "down": 3.0}
+        options = {
+            "running": 20,
+            "queued": 3,
+            "parked": 5,
+            "restarts": 3,
+            "down": 3.0,
+            "lease_ttl": 10.0,
+        }
         if args.scenario == "redis-restart":
             options = {k: getattr(args, k) for k in options}
         reports.append(run_redis_restart(nodes=args.nodes, seed=seed, **options))
