@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import redis
@@ -382,6 +383,15 @@ class Report:
     counters: dict[str, object] = field(default_factory=dict)
     holds: list[tuple[str, bool]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    laps: list[str] = field(default_factory=list)
+    _lap: float = field(default_factory=time.monotonic)
+
+    def lap(self, what: str) -> None:
+        """Record how long the phase that just ended took (shown under `phases (s)`)."""
+        now = time.monotonic()
+        self.laps.append(f"{what} {now - self._lap:.1f}")
+        self._lap = now
+        self.counters["phases (s)"] = ", ".join(self.laps)
 
     def must(self, what: str, ok: bool) -> None:
         self.holds.append((what, bool(ok)))
@@ -507,27 +517,109 @@ def count_keys(client: redis.Redis, pattern: str) -> int:
     return sum(1 for _ in client.scan_iter(match=pattern, count=1000))
 
 
-def leftovers(client: redis.Redis, report: Report, fleet: Fleet) -> None:
-    """Drain the fleet; afterwards no lease, runtime membership or dispatch entry may be
-    left."""
-    report.counters["dispatch entries left (before drain)"] = client.zcard(KEYS.dispatch())
-    unclean = fleet.drain()
-    fleet.check()
-    report.counters["nodes died"] = len(fleet.died)
-    report.notes += [f"node died: {d}" for d in fleet.died]
-    report.counters["unclean drains"] = len(unclean)
-    report.notes += [f"unclean drain: {u}" for u in unclean]
-    report.counters["steps recovered from nodes taken over"] = sum(
-        fleet.log(name, chars=10**9).count(" recovering ") for name in fleet.procs
-    )
-    report.counters["leases left (after drain)"] = count_keys(client, KEYS.lease("*", "*"))
-    report.counters["runtimes left (after drain)"] = sum(
-        client.scard(k) for k in client.scan_iter(match=KEYS.node_agents("*"))
-    )
-
-
 def dead_letter_count(client: Client) -> int:
     return int(client.redis.llen(KEYS.dead_letters()))
+
+
+class Rig:
+    """A private redis-server and a fleet of nodes: for one scenario, or for several in
+    a row (tests/test_chaos.py, where starting nodes is what costs the most)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        nodes: int = 3,
+        *,
+        appendonly: bool = True,
+        kernels: int = 6,
+        concurrency: int = 8,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.names = [f"node-{i + 1}" for i in range(nodes)]
+        self.server = RedisServer(workdir, appendonly=appendonly)
+        self.fleet = Fleet(
+            self.server.url, workdir, kernels=kernels, concurrency=concurrency, env=env
+        )
+        self.marks = workdir / "marks"
+        self.marks.mkdir(exist_ok=True)
+        self.client: Client
+
+    def start(self) -> Rig:
+        self.server.start()
+        self.client = Client(self.server.url)
+        self.fleet.start(self.names)
+        return self
+
+    def close(self) -> None:
+        """Stop everything (nodes SIGKILLed: `finish` drains them first)."""
+        if hasattr(self, "client"):
+            self.client.close()
+        self.fleet.close()
+        self.server.stop()
+
+    def finish(self, report: Report) -> None:
+        """Drain the fleet and count what is left: no lease, runtime or dispatch entry may
+        be."""
+        r, fleet = self.client.redis, self.fleet
+        report.counters["dispatch entries left (before drain)"] = r.zcard(KEYS.dispatch())
+        unclean = fleet.drain()
+        report.counters["unclean drains"] = len(unclean)
+        report.notes += [f"unclean drain: {u}" for u in unclean]
+        report.counters["steps recovered from nodes taken over"] = sum(
+            fleet.log(name, chars=10**9).count(" recovering ") for name in fleet.procs
+        )
+        report.counters["leases left (after drain)"] = count_keys(r, KEYS.lease("*", "*"))
+        report.counters["runtimes left (after drain)"] = sum(
+            r.scard(k) for k in r.scan_iter(match=KEYS.node_agents("*"))
+        )
+        report.lap("drain")
+
+    def finish_holds(self, report: Report) -> None:
+        k = report.counters
+        report.must("0 leases left", k["leases left (after drain)"] == 0)
+        report.must(
+            "0 runtimes and dispatch entries left, every node drained cleanly",
+            k["runtimes left (after drain)"] == 0
+            and k["dispatch entries left (before drain)"] == 0
+            and k["unclean drains"] == 0,
+        )
+
+
+@contextmanager
+def rig_for(rig: Rig | None, report: Report, **options: Any) -> Iterator[tuple[Rig, bool]]:
+    """The given rig, or a new one (started, drained and counted at the end, stopped);
+    yields it and whether it is the scenario's own."""
+    if rig is not None:
+        yield rig, False
+        return
+    with scratch() as workdir:
+        own = Rig(workdir, **options)
+        try:
+            own.start()
+            report.lap("fleet up")
+            yield own, True
+            own.finish(report)
+        finally:
+            own.close()
+
+
+class Baseline:
+    """What a shared rig had counted before a scenario: its counters count from here."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.dead_letters = dead_letter_count(rig.client)
+        self.died = len(rig.fleet.died)
+        self.kills = rig.fleet.kills
+
+    def count(self, report: Report) -> None:
+        fleet = self.rig.fleet
+        fleet.check()
+        report.counters["kills"] = fleet.kills - self.kills
+        report.counters["nodes died"] = len(fleet.died) - self.died
+        report.notes += [f"node died: {d}" for d in fleet.died[self.died :]]
+        report.counters["dead letters"] = dead_letter_count(self.rig.client) - self.dead_letters
 
 
 # ---- scenario: kills --------------------------------------------------------------------
@@ -543,48 +635,41 @@ def run_kills(
     cell_seconds: tuple[float, float] = (0.1, 0.6),
     seed: int | None = None,
     timeout: float = 180,
+    rig: Rig | None = None,
 ) -> Report:
-    """Sessions spread over `kills * kill_interval` seconds while a random node is
-    SIGKILLed about every `kill_interval` seconds (never the last one up) and started
-    again under its name."""
+    """Sessions submitted in step with the kills while a random node is SIGKILLed about
+    every `kill_interval` seconds (never the last one up) and started again under its
+    name."""
     rng = random.Random(seed)
-    report = Report(f"kills ({sessions} sessions, {kills} kills, {nodes} nodes, seed {seed})")
+    size = len(rig.names) if rig else nodes
+    report = Report(f"kills ({sessions} sessions, {kills} kills, {size} nodes, seed {seed})")
     start = time.monotonic()
-    with scratch() as workdir:
-        server = RedisServer(workdir)
-        server.start()
-        fleet = Fleet(server.url, workdir, kernels=6, concurrency=8)
-        client = Client(server.url)
-        try:
-            names = [f"node-{i + 1}" for i in range(nodes)]
-            fleet.start(names)
-            marks = workdir / "marks"
-            marks.mkdir()
-            turns = []
-            for i in range(sessions):
-                plan = [(rng.randint(*cells), rng.uniform(*cell_seconds))]
-                turns += write_session(workdir, marks, f"chaos-k{i:03d}", plan)
-            killer = Killer(fleet, names, kills, kill_interval, rng)
-            killer.start()
-            span = kills * kill_interval
-            began = time.monotonic()
-            for i, turn in enumerate(turns):
-                # Spread the submissions over the kills' span, at most 12 turns at once.
-                due = began + span * i / max(1, len(turns))
-                while time.monotonic() < due or _running(client, turns[:i]) >= 12:
-                    fleet.check()
-                    time.sleep(0.05)
-                submit(client, turn)
-            wait_turns(client, turns, timeout, fleet)
-            killer.finish()
-            audit(client, turns, marks, report)
-            report.counters["kills"] = fleet.kills
-            report.counters["dead letters"] = dead_letter_count(client)
-            leftovers(client.redis, report, fleet)
-        finally:
-            client.close()
-            fleet.close()
-            server.stop()
+    with rig_for(rig, report, nodes=nodes, kernels=6, concurrency=8) as (r, own):
+        client, fleet, marks = r.client, r.fleet, r.marks
+        base = Baseline(r)
+        turns = []
+        for i in range(sessions):
+            plan = [(rng.randint(*cells), rng.uniform(*cell_seconds))]
+            turns += write_session(r.workdir, marks, f"chaos-k{i:03d}", plan)
+        killer = Killer(fleet, r.names, kills, kill_interval, rng)
+        killer.start()
+        for i, turn in enumerate(turns):
+            # The sessions are spread over the kills (the last waits for the last kill),
+            # at most 12 turns at once.
+            needed = min(kills, (i + 1) * kills // len(turns))
+            while killer.done < needed or _running(client, turns[:i]) >= 12:
+                if not killer.is_alive():
+                    killer.finish()  # raises what stopped it
+                    break
+                fleet.check()
+                time.sleep(0.05)
+            submit(client, turn)
+        wait_turns(client, turns, timeout, fleet)
+        report.lap("turns")
+        killer.finish()
+        report.lap("restarts done")
+        audit(client, turns, marks, report)
+        base.count(report)
     report.counters["wall time (s)"] = round(time.monotonic() - start, 1)
     k = report.counters
     report.must(
@@ -598,14 +683,11 @@ def run_kills(
         and k["cells with a wrong number of outputs"] == 0,
     )
     report.must("seq contiguous in every session", k["sessions with seq gaps"] == 0)
-    report.must("0 leases left", k["leases left (after drain)"] == 0)
-    report.must(
-        "0 runtimes and dispatch entries left",
-        k["runtimes left (after drain)"] == 0 and k["dispatch entries left (before drain)"] == 0,
-    )
     report.must("0 nodes died (other than the killed ones)", k["nodes died"] == 0)
     report.must("0 dead letters", k["dead letters"] == 0)
     report.must(f"{kills} kills made", k["kills"] >= kills)
+    if own:
+        r.finish_holds(report)
     return report
 
 
@@ -623,6 +705,7 @@ class Killer(threading.Thread):
         super().__init__(name="chaos-killer", daemon=True)
         self.fleet, self.names, self.kills, self.interval = fleet, names, kills, interval
         self.rng = rng
+        self.done = 0
         self.stopping = threading.Event()
         self.restarting: dict[str, str | None] = {}
         """Nodes killed and started again, not yet up: name -> boot of the killed one."""
@@ -631,8 +714,7 @@ class Killer(threading.Thread):
     def run(self) -> None:
         client = redis.Redis.from_url(self.fleet.redis_url)
         try:
-            done = 0
-            while done < self.kills and not self.stopping.is_set():
+            while self.done < self.kills and not self.stopping.is_set():
                 if self.stopping.wait(self.interval * self.rng.uniform(0.5, 1.5)):
                     break
                 up = self._up(client)
@@ -646,7 +728,7 @@ class Killer(threading.Thread):
                 self.fleet.kill(victim)
                 self.fleet.spawn(victim)
                 self.restarting[victim] = boot
-                done += 1
+                self.done += 1
         except BaseException as exc:  # reported by finish()
             self.error = exc
         finally:
@@ -694,86 +776,82 @@ def run_redis_restart(
     within: float = 60.0,
     lease_ttl: float = 10.0,
     seed: int | None = None,
+    rig: Rig | None = None,
 ) -> Report:
     """Redis stopped and started again `restarts` times (`down` seconds each) while
     `running` turns run, `queued` wait behind some of them and `parked` wait for an
     approval; every turn must end, completed, within `within` s of the last restart, and
-    no node may exit. Nodes run with `lease_ttl` (default: the production 10 s, beating
-    every 2 s): an outage longer than about `lease_ttl` less a beat lets heartbeats
-    expire, and the nodes then take each other's work over, alive as they are."""
+    no node may exit. A fleet of its own runs with `lease_ttl` (default: the production
+    10 s, beating every 2 s): an outage longer than about `lease_ttl` less a beat lets
+    the heartbeats expire, and the nodes then take each other's work over, alive as they
+    are. A given rig must have appendonly Redis."""
     rng = random.Random(seed)
     report = Report(
         f"redis-restart ({running} running, {queued} queued, {parked} parked; "
         f"{restarts} restarts of {down:g} s)"
     )
     start = time.monotonic()
-    with scratch() as workdir:
-        server = RedisServer(workdir, appendonly=True)
-        server.start()
-        capacity = max(4, (running + parked) // nodes + 3)
-        beat = min(2.0, lease_ttl / 5)
-        leases = {"ACTFLEET_LEASE_TTL": str(lease_ttl), "ACTFLEET_HEARTBEAT_INTERVAL": str(beat)}
-        fleet = Fleet(server.url, workdir, kernels=capacity, concurrency=capacity + 2, env=leases)
-        client = Client(server.url)
-        try:
-            fleet.start([f"node-{i + 1}" for i in range(nodes)])
-            marks = workdir / "marks"
-            marks.mkdir()
-            turns: list[Turn] = []
-            for i in range(running):
-                plan = [(cells, cell_seconds * rng.uniform(0.7, 1.3))]
-                kinds = ["running"]
-                if i < queued:
-                    plan.append((2, 0.2))
-                    kinds.append("queued")
-                turns += write_session(workdir, marks, f"chaos-r{i:03d}", plan, kinds)
-            for i in range(parked):
-                turns += write_session(
-                    workdir, marks, f"chaos-p{i:03d}", [(2, 0.2)], ["parked"], approval="ask"
-                )
-            for turn in turns:
-                submit(client, turn)
-            # Every group in place: running turns inside a cell, queued ones behind them,
-            # parked ones waiting for their first approval.
-            wait_until(
-                lambda: _in_place(client, turns, marks) or fleet.check(),
-                120,
-                "every turn running, queued or parked",
+    capacity = max(4, (running + parked) // nodes + 3)
+    beat = min(2.0, lease_ttl / 5)
+    leases = {"ACTFLEET_LEASE_TTL": str(lease_ttl), "ACTFLEET_HEARTBEAT_INTERVAL": str(beat)}
+    options = {"nodes": nodes, "kernels": capacity, "concurrency": capacity + 2, "env": leases}
+    with rig_for(rig, report, **options) as (r, own):
+        client, fleet, marks, server = r.client, r.fleet, r.marks, r.server
+        assert server.appendonly, "a Redis restart loses everything without appendonly"
+        base = Baseline(r)
+        turns: list[Turn] = []
+        for i in range(running):
+            plan = [(cells, cell_seconds * rng.uniform(0.7, 1.3))]
+            kinds = ["running"]
+            if i < queued:
+                plan.append((2, 0.2))
+                kinds.append("queued")
+            turns += write_session(r.workdir, marks, f"chaos-r{i:03d}", plan, kinds)
+        for i in range(parked):
+            turns += write_session(
+                r.workdir, marks, f"chaos-p{i:03d}", [(2, 0.2)], ["parked"], approval="ask"
             )
-            at_first = Counter(status(client, t) for t in turns)
-            report.counters["turns at the first restart"] = ", ".join(
-                f"{n} {s}" for s, n in sorted(at_first.items())
-            )
-            last_up = 0.0
-            outages, open_turns = [], []
-            for _ in range(restarts):
-                open_turns.append(sum(status(client, t) not in _ENDED for t in turns))
-                server.stop()
-                stopped = time.monotonic()
-                time.sleep(down)
-                server.start()
-                last_up = time.time()
-                outages.append(round(time.monotonic() - stopped, 1))
-                fleet.check()
-                time.sleep(up_between)
-                fleet.check()
-            report.counters["outages (s)"] = ", ".join(map(str, outages))
-            report.counters["turns not ended at each restart"] = ", ".join(map(str, open_turns))
-            report.counters["nodes alive after the restarts"] = len(fleet.alive())
-            approver = Approver(client, [t for t in turns if t.kind == "parked"])
-            approver.start()
-            wait_turns(client, turns, within + 30, fleet)
-            approver.stop()
-            report.counters["approvals given"] = approver.approved
-            ends = audit(client, turns, marks, report)
-            late = max((ends[t] - last_up for t in ends), default=0.0)
-            report.counters["last turn ended after the last restart (s)"] = round(late, 1)
-            report.counters["dead letters"] = dead_letter_count(client)
-            leftovers(client.redis, report, fleet)
-        finally:
-            client.close()
-            fleet.close()
+        for turn in turns:
+            submit(client, turn)
+        # Every group in place: running turns inside a cell, queued ones behind them,
+        # parked ones waiting for their first approval.
+        wait_until(
+            lambda: _in_place(client, turns, marks) or fleet.check(),
+            120,
+            "every turn running, queued or parked",
+        )
+        report.lap("turns in place")
+        at_first = Counter(status(client, t) for t in turns)
+        report.counters["turns at the first restart"] = ", ".join(
+            f"{n} {s}" for s, n in sorted(at_first.items())
+        )
+        last_up = 0.0
+        outages, open_turns = [], []
+        for _ in range(restarts):
+            open_turns.append(sum(status(client, t) not in _ENDED for t in turns))
             server.stop()
+            stopped = time.monotonic()
+            time.sleep(down)
+            server.start()
+            last_up = time.time()
+            outages.append(round(time.monotonic() - stopped, 1))
+            fleet.check()
+            time.sleep(up_between)
+            fleet.check()
+        report.lap("restarts")
+        report.counters["outages (s)"] = ", ".join(map(str, outages))
+        report.counters["turns not ended at each restart"] = ", ".join(map(str, open_turns))
+        report.counters["nodes alive after the restarts"] = len(fleet.alive())
+        approver = Approver(client, [t for t in turns if t.kind == "parked"])
+        approver.start()
+        wait_turns(client, turns, within + 30, fleet)
+        report.lap("turns")
+        approver.stop()
+        report.counters["approvals given"] = approver.approved
+        ends = audit(client, turns, marks, report)
+        late = max((ends[t] - last_up for t in ends), default=0.0)
+        report.counters["last turn ended after the last restart (s)"] = round(late, 1)
+        base.count(report)
     report.counters["wall time (s)"] = round(time.monotonic() - start, 1)
     k = report.counters
     report.must("0 turns stranded", k["turns stranded"] == 0)
@@ -783,15 +861,16 @@ def run_redis_restart(
         f"every turn ended within {within:g} s of the last restart",
         k["turns stranded"] == 0 and k["last turn ended after the last restart (s)"] <= within,
     )
-    report.must("no node exited", k["nodes died"] == 0 and k["unclean drains"] == 0)
+    report.must("no node exited", k["nodes died"] == 0)
     report.must("0 cells run twice", k["cells run twice"] == 0)
     report.must(
         "every cell reported ok left exactly one mark",
         k["cells reported ok without their mark"] == 0,
     )
     report.must("seq contiguous in every session", k["sessions with seq gaps"] == 0)
-    report.must("0 leases left", k["leases left (after drain)"] == 0)
     report.must("0 dead letters", k["dead letters"] == 0)
+    if own:
+        r.finish_holds(report)
     return report
 
 
@@ -939,123 +1018,119 @@ def stream_junk() -> list[dict[bytes, bytes]]:
     ]
 
 
-def run_junk(nodes: int = 3, *, bystanders: int = 3, timeout: float = 120) -> Report:
+def run_junk(
+    nodes: int = 3,
+    *,
+    bystanders: int = 3,
+    cells: tuple[int, float] = (4, 0.5),
+    settle: float = 3.0,
+    timeout: float = 120,
+    rig: Rig | None = None,
+) -> Report:
     """Junk of many shapes on every queue, channel, set and in running sessions' streams:
     no node may die, every junk message must be dead-lettered, the running turns and a
     canary turn sent after the junk must finish."""
-    report = Report(f"junk ({nodes} nodes)")
+    size = len(rig.names) if rig else nodes
+    report = Report(f"junk ({size} nodes)")
     start = time.monotonic()
-    with scratch() as workdir:
-        server = RedisServer(workdir, appendonly=False)
-        server.start()
-        fleet = Fleet(server.url, workdir, kernels=4, concurrency=6)
-        client = Client(server.url)
+    options = {"nodes": nodes, "appendonly": False, "kernels": 4, "concurrency": 6}
+    with rig_for(rig, report, **options) as (rg, own):
+        client, fleet, marks, names = rg.client, rg.fleet, rg.marks, rg.names
         r = client.redis
+        base = Baseline(rg)
+        turns: list[Turn] = []
+        for i in range(bystanders):
+            turns += write_session(rg.workdir, marks, f"chaos-j{i:03d}", [cells])
+        for turn in turns:
+            submit(client, turn)
+        wait_until(
+            lambda: all((marks / f"{t.session_id}-0").exists() for t in turns),
+            60,
+            "the bystander turns to run",
+        )
+        expected = Counter[str]()
+        sent = Counter[str]()
+        # Queues: the shared one and every node's.
+        kinds = queue_junk()
+        for queue in [KEYS.shared_queue()] + [KEYS.node_queue(n) for n in names]:
+            for body in kinds.values():
+                r.lpush(queue, body)
+                sent["queue messages"] += 1
+        expected["queue"] += len(kinds) * (len(names) + 1)
+        # Celery's broadcast channel: every node reads each message.
+        wait_until(
+            lambda: sum(int(c["psub"]) > 0 for c in r.client_list()) >= len(names),
+            30,
+            "the nodes' broadcast subscriptions",
+        )
+        for body in BROADCAST_JUNK:
+            r.publish("/0.celery.pidbox", body)
+            sent["broadcast messages"] += 1
+        expected["queue"] += len(BROADCAST_JUNK) * len(names)
+        # The reply channels: every node reads each message.
+        for channel in (KEYS.decided(), KEYS.cancels()):
+            for body in CHANNEL_JUNK:
+                r.publish(channel, body)
+                sent["reply-channel messages"] += 1
+            expected[channel] += len(CHANNEL_JUNK) * len(names)
+        # The sets the heartbeat sweeps.
+        r.zadd(KEYS.dispatch(), dict.fromkeys(SET_JUNK, 0))
+        sent["dispatch entries"] += len(SET_JUNK)
+        expected[KEYS.dispatch()] += len(SET_JUNK)
+        r.sadd(KEYS.pumps(), *SET_JUNK[:3])
+        sent["pump entries"] += 3
+        expected[KEYS.pumps()] += 3
+        r.sadd(KEYS.nodes(), *NODE_JUNK)
+        sent["node names"] += len(NODE_JUNK)
+        expected[KEYS.nodes()] += 1
+        for i, raw in enumerate(({"session_id": "x"}, {"status": "\xff"}, {"a": "b"})):
+            rid = f"req-junk-{i}"
+            r.hset(KEYS.approval(rid), mapping=raw)
+            r.zadd(KEYS.approvals_expiry(), {rid: 0})
+            r.zadd(KEYS.approvals(), {rid: 0})
+            expected[KEYS.approval(rid)] += 1
+            sent["approval records"] += 1
+        # Running sessions' streams.
+        injected = 0
+        for turn in turns:
+            for entry in stream_junk():
+                r.xadd(KEYS.stream(turn.session_id), entry)
+                injected += 1
+        sent["stream entries"] += injected
+        total = sum(expected.values())
         try:
-            names = [f"node-{i + 1}" for i in range(nodes)]
-            fleet.start(names)
-            marks = workdir / "marks"
-            marks.mkdir()
-            turns: list[Turn] = []
-            for i in range(bystanders):
-                turns += write_session(workdir, marks, f"chaos-j{i:03d}", [(4, 0.5)])
-            for turn in turns:
-                submit(client, turn)
             wait_until(
-                lambda: all((marks / f"{t.session_id}-0").exists() for t in turns),
-                60,
-                "the bystander turns to run",
+                lambda: dead_letter_count(client) - base.dead_letters >= total or fleet.check(),
+                timeout,
+                f"{total} dead letters",
             )
-            expected = Counter[str]()
-            sent = Counter[str]()
-            # Queues: the shared one and every node's.
-            kinds = queue_junk()
-            for queue in [KEYS.shared_queue()] + [KEYS.node_queue(n) for n in names]:
-                for body in kinds.values():
-                    r.lpush(queue, body)
-                    sent["queue messages"] += 1
-            expected["queue"] += len(kinds) * (nodes + 1)
-            # Celery's broadcast channel: every node reads each message.
-            wait_until(
-                lambda: sum(int(c["psub"]) > 0 for c in r.client_list()) >= nodes,
-                30,
-                "the nodes' broadcast subscriptions",
-            )
-            for body in BROADCAST_JUNK:
-                r.publish("/0.celery.pidbox", body)
-                sent["broadcast messages"] += 1
-            expected["queue"] += len(BROADCAST_JUNK) * nodes
-            # The reply channels: every node reads each message.
-            for channel in (KEYS.decided(), KEYS.cancels()):
-                for body in CHANNEL_JUNK:
-                    r.publish(channel, body)
-                    sent["reply-channel messages"] += 1
-                expected[channel] += len(CHANNEL_JUNK) * nodes
-            # The sets the heartbeat sweeps.
-            r.zadd(KEYS.dispatch(), dict.fromkeys(SET_JUNK, 0))
-            sent["dispatch entries"] += len(SET_JUNK)
-            expected[KEYS.dispatch()] += len(SET_JUNK)
-            r.sadd(KEYS.pumps(), *SET_JUNK[:3])
-            sent["pump entries"] += 3
-            expected[KEYS.pumps()] += 3
-            r.sadd(KEYS.nodes(), *NODE_JUNK)
-            sent["node names"] += len(NODE_JUNK)
-            expected[KEYS.nodes()] += 1
-            for i, raw in enumerate(({"session_id": "x"}, {"status": "\xff"}, {"a": "b"})):
-                rid = f"req-junk-{i}"
-                r.hset(KEYS.approval(rid), mapping=raw)
-                r.zadd(KEYS.approvals_expiry(), {rid: 0})
-                r.zadd(KEYS.approvals(), {rid: 0})
-                expected[KEYS.approval(rid)] += 1
-                sent["approval records"] += 1
-            # Running sessions' streams.
-            injected = 0
-            for turn in turns:
-                for entry in stream_junk():
-                    r.xadd(KEYS.stream(turn.session_id), entry)
-                    injected += 1
-            sent["stream entries"] += injected
-            total = sum(expected.values())
-            try:
-                wait_until(
-                    lambda: dead_letter_count(client) >= total or fleet.check(),
-                    timeout,
-                    f"{total} dead letters",
+        except TimeoutError as exc:
+            report.notes.append(str(exc))
+        time.sleep(settle)  # a few heartbeats more: a sweep that dead-letters twice shows
+        canary = write_session(rg.workdir, marks, "chaos-canary", [(1, 0.1)])
+        submit(client, canary[0])
+        wait_turns(client, turns + canary, 60, fleet)
+        report.lap("junk and turns")
+        new = dead_letter_count(client) - base.dead_letters
+        got = Counter(_source(letter) for letter in client.dead_letters(limit=new))
+        report.counters["junk sent"] = ", ".join(f"{n} {k}" for k, n in sent.items())
+        report.counters["dead letters expected"] = total
+        for source in sorted(set(expected) | set(got)):
+            if got[source] != expected[source]:
+                report.notes.append(
+                    f"dead letters from {source}: {got[source]}, expected {expected[source]}"
                 )
-            except TimeoutError as exc:
-                report.notes.append(str(exc))
-            time.sleep(3)  # a few heartbeats more: a sweep that dead-letters twice shows
-            canary = write_session(workdir, marks, "chaos-canary", [(1, 0.1)])
-            submit(client, canary[0])
-            wait_turns(client, turns + canary, 60, fleet)
-            letters = client.dead_letters(limit=100_000)
-            got = Counter(_source(letter) for letter in letters)
-            report.counters["junk sent"] = ", ".join(f"{n} {k}" for k, n in sent.items())
-            report.counters["dead letters expected"] = total
-            report.counters["dead letters"] = len(letters)
-            for source in sorted(set(expected) | set(got)):
-                if got[source] != expected[source]:
-                    report.notes.append(
-                        f"dead letters from {source}: {got[source]}, expected {expected[source]}"
-                    )
-            audit(client, turns + canary, marks, report)
-            report.counters["stream entries injected"] = injected
-            names_left = {m.decode(errors="replace") for m in r.smembers(KEYS.nodes())}
-            report.counters["junk node names left"] = len(names_left - set(names))
-            canary_done = status(client, canary[0]) == "finished"
-            report.counters["canary turn"] = status(client, canary[0])
-            leftovers(r, report, fleet)
-        finally:
-            client.close()
-            fleet.close()
-            server.stop()
+        audit(client, turns + canary, marks, report)
+        report.counters["stream entries injected"] = injected
+        names_left = {m.decode(errors="replace") for m in r.smembers(KEYS.nodes())}
+        report.counters["junk node names left"] = len(names_left - set(names))
+        canary_done = status(client, canary[0]) == "finished"
+        report.counters["canary turn"] = status(client, canary[0])
+        base.count(report)
     report.counters["wall time (s)"] = round(time.monotonic() - start, 1)
     k = report.counters
     report.must("0 nodes died", k["nodes died"] == 0)
-    report.must(
-        "every junk message dead-lettered (once per node that read it)",
-        got == expected,
-    )
+    report.must("every junk message dead-lettered (once per node that read it)", got == expected)
     report.must("the canary turn after the junk finished", canary_done)
     report.must("no junk node name left", k["junk node names left"] == 0)
     report.must(
@@ -1066,12 +1141,55 @@ def run_junk(nodes: int = 3, *, bystanders: int = 3, timeout: float = 120) -> Re
         "every junk stream entry read as Unreadable, seq contiguous otherwise",
         k["unreadable events"] == injected and k["sessions with seq gaps"] == 0,
     )
+    if own:
+        rg.finish_holds(report)
     return report
 
 
 def _source(letter: dict) -> str:
     """The dead letter's source, with kombu's queue and broadcast messages as one."""
     return str(letter.get("source", "?")).replace("step", "queue")
+
+
+# ---- the small version ------------------------------------------------------------------
+
+
+def run_small(nodes: int = 3, seed: int | None = None) -> list[Report]:
+    """The three scenarios, small, one after the other on one fleet (the normal test
+    suite's version, tests/test_chaos.py): 8 sessions and 3 kills; one Redis restart with
+    running, queued and parked turns; junk everywhere. Then the fleet is drained."""
+    reports: list[Report] = []
+    with scratch() as workdir:
+        # Steps whose sends the Redis restart cut are sent again after 3 s, not 10.
+        rig = Rig(workdir, nodes, kernels=5, concurrency=7, env={"ACTFLEET_REDISPATCH_AFTER": "3"})
+        try:
+            rig.start()
+            reports.append(
+                run_kills(8, 3, kill_interval=1.5, cell_seconds=(0.1, 0.4), seed=seed, rig=rig)
+            )
+            reports.append(
+                run_redis_restart(
+                    running=3,
+                    queued=1,
+                    parked=2,
+                    restarts=1,
+                    down=1.0,
+                    up_between=0.2,
+                    cells=3,
+                    cell_seconds=1.0,
+                    within=30,
+                    seed=seed,
+                    rig=rig,
+                )
+            )
+            reports.append(run_junk(bystanders=2, cells=(3, 0.3), settle=1.5, rig=rig))
+            final = Report(f"after the scenarios ({nodes} nodes)")
+            rig.finish(final)
+            rig.finish_holds(final)
+            reports.append(final)
+        finally:
+            rig.close()
+    return reports
 
 
 # ---- command line -----------------------------------------------------------------------
@@ -1093,6 +1211,7 @@ def main(argv: list[str] | None = None) -> int:
     restart.add_argument("--lease-ttl", type=float, default=10.0)
     sub.add_parser("junk", help="junk on every queue, channel and stream")
     sub.add_parser("all", help="the three scenarios with their defaults")
+    sub.add_parser("small", help="the test suite's version: all three, small, on one fleet")
     for p in sub.choices.values():
         p.add_argument("--nodes", type=int, default=3)
         p.add_argument("--seed", type=int, default=None)
@@ -1101,6 +1220,10 @@ def main(argv: list[str] | None = None) -> int:
     # A stuck run must not outlive its deadline, nor leave its processes behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     reports = []
+    if args.scenario == "small":
+        reports = run_small(args.nodes, seed)
+        for report in reports:
+            print(report.table(), flush=True)
     if args.scenario in ("kills", "all"):
         options = {"sessions": 100, "kills": 30, "kill_interval": 4.0}
         if args.scenario == "kills":
