@@ -630,16 +630,19 @@ def run_kills(
     kills: int = 30,
     nodes: int = 3,
     *,
-    kill_interval: float = 4.0,
+    in_flight: int = 6,
+    gap: float = 1.5,
     cells: tuple[int, int] = (4, 6),
-    cell_seconds: tuple[float, float] = (0.1, 0.6),
+    cell_seconds: tuple[float, float] = (0.2, 1.0),
     seed: int | None = None,
     timeout: float = 180,
     rig: Rig | None = None,
 ) -> Report:
-    """Sessions submitted in step with the kills while a random node is SIGKILLed about
-    every `kill_interval` seconds (never the last one up) and started again under its
-    name."""
+    """Sessions run `in_flight` at a time while random nodes are SIGKILLed (never the
+    last one up) and started again under their names. The kills are spread over the
+    sessions: kill k falls once k/(kills+1) of them were submitted, `gap` seconds or more
+    (randomised) after the previous one; sessions wait when the kills fall behind (a
+    killed node takes seconds to come back)."""
     rng = random.Random(seed)
     size = len(rig.names) if rig else nodes
     report = Report(f"kills ({sessions} sessions, {kills} kills, {size} nodes, seed {seed})")
@@ -651,19 +654,25 @@ def run_kills(
         for i in range(sessions):
             plan = [(rng.randint(*cells), rng.uniform(*cell_seconds))]
             turns += write_session(r.workdir, marks, f"chaos-k{i:03d}", plan)
-        killer = Killer(fleet, r.names, kills, kill_interval, rng)
+        submitted = [0]
+
+        def due(count: int) -> int:
+            """Kills due once `count` sessions were submitted."""
+            return min(kills, count * (kills + 1) // len(turns))
+
+        killer = Killer(fleet, r.names, kills, lambda: due(submitted[0]), gap, rng)
         killer.start()
         for i, turn in enumerate(turns):
-            # The sessions are spread over the kills (the last waits for the last kill),
-            # at most 12 turns at once.
-            needed = min(kills, (i + 1) * kills // len(turns))
-            while killer.done < needed or _running(client, turns[:i]) >= 12:
+            # The kills may fall one behind, but the last session waits for the last kill.
+            needed = kills if i == len(turns) - 1 else due(i) - 1
+            while _running(client, turns[:i]) >= in_flight or killer.done < needed:
                 if not killer.is_alive():
                     killer.finish()  # raises what stopped it
                     break
                 fleet.check()
                 time.sleep(0.05)
             submit(client, turn)
+            submitted[0] += 1
         wait_turns(client, turns, timeout, fleet)
         report.lap("turns")
         killer.finish()
@@ -696,14 +705,21 @@ def _running(client: Client, turns: list[Turn]) -> int:
 
 
 class Killer(threading.Thread):
-    """Every `interval` seconds (random, 0.5x to 1.5x), SIGKILL a random node that is up,
-    unless it is the last one up, and start it again under its name."""
+    """SIGKILLs a random node that is up (never the last one up) each time `due()` says
+    one more kill is due, at least `gap` seconds (randomised, 0.5x to 1.5x) after the
+    previous one, and starts it again under its name."""
 
     def __init__(
-        self, fleet: Fleet, names: list[str], kills: int, interval: float, rng: random.Random
+        self,
+        fleet: Fleet,
+        names: list[str],
+        kills: int,
+        due: Callable[[], int],
+        gap: float,
+        rng: random.Random,
     ) -> None:
         super().__init__(name="chaos-killer", daemon=True)
-        self.fleet, self.names, self.kills, self.interval = fleet, names, kills, interval
+        self.fleet, self.names, self.kills, self.due, self.gap = fleet, names, kills, due, gap
         self.rng = rng
         self.done = 0
         self.stopping = threading.Event()
@@ -715,8 +731,10 @@ class Killer(threading.Thread):
         client = redis.Redis.from_url(self.fleet.redis_url)
         try:
             while self.done < self.kills and not self.stopping.is_set():
-                if self.stopping.wait(self.interval * self.rng.uniform(0.5, 1.5)):
+                if self.stopping.wait(self.gap * self.rng.uniform(0.5, 1.5)):
                     break
+                while self.due() <= self.done and not self.stopping.is_set():
+                    time.sleep(0.05)
                 up = self._up(client)
                 while len(up) < 2 and not self.stopping.is_set():
                     time.sleep(0.1)
@@ -1165,7 +1183,7 @@ def run_small(nodes: int = 3, seed: int | None = None) -> list[Report]:
         try:
             rig.start()
             reports.append(
-                run_kills(8, 3, kill_interval=1.5, cell_seconds=(0.1, 0.4), seed=seed, rig=rig)
+                run_kills(8, 3, in_flight=4, gap=1.0, cell_seconds=(0.1, 0.4), seed=seed, rig=rig)
             )
             reports.append(
                 run_redis_restart(
@@ -1201,7 +1219,8 @@ def main(argv: list[str] | None = None) -> int:
     kills = sub.add_parser("kills", help="random SIGKILLs of nodes during N sessions")
     kills.add_argument("--sessions", type=int, default=100)
     kills.add_argument("--kills", type=int, default=30)
-    kills.add_argument("--kill-interval", type=float, default=4.0)
+    kills.add_argument("--in-flight", type=int, default=6, help="sessions running at once")
+    kills.add_argument("--gap", type=float, default=1.5, help="seconds between kills, at least")
     restart = sub.add_parser("redis-restart", help="Redis restarted during a run")
     restart.add_argument("--running", type=int, default=20)
     restart.add_argument("--queued", type=int, default=3)
@@ -1225,7 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
         for report in reports:
             print(report.table(), flush=True)
     if args.scenario in ("kills", "all"):
-        options = {"sessions": 100, "kills": 30, "kill_interval": 4.0}
+        options = {"sessions": 100, "kills": 30, "in_flight": 6, "gap": 1.5}
         if args.scenario == "kills":
             options = {k: getattr(args, k) for k in options}
         reports.append(run_kills(nodes=args.nodes, seed=seed, **options))
