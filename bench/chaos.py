@@ -304,13 +304,17 @@ class Turn:
     submitted: float = 0.0
 
 
-def cell_code(marks: Path, session_id: str, index: int, seconds: float) -> str:
+def cell_code(
+    marks: Path, session_id: str, index: int, seconds: float, gate: Path | None = None
+) -> str:
     """A cell that leaves its mark first, then works a while (a kill mid-cell leaves one
-    mark; a cell run twice leaves two)."""
+    mark; a cell run twice leaves two); with a `gate`, it waits for that file to exist
+    before working."""
     mark = str(marks / f"{session_id}-{index}")
+    wait = f"while not os.path.exists({str(gate)!r}):\n    time.sleep(0.05)\n" if gate else ""
     return (
         f"open({mark!r}, 'a').write('x')\n"
-        f"import time\ntime.sleep({seconds:.2f})\n"
+        f"import os, time\n{wait}time.sleep({seconds:.2f})\n"
         f"print('cell {index} of {session_id}')"
     )
 
@@ -322,13 +326,18 @@ def write_session(
     turns: list[tuple[int, float]],
     kinds: list[str] | None = None,
     approval: str = "auto",
+    gate: Path | None = None,
 ) -> list[Turn]:
     """One replay file for a session of consecutive turns, each `(cells, seconds per
-    cell)`; returns the turns to submit, in order."""
+    cell)`; returns the turns to submit, in order. The session's first cell waits for
+    the `gate` file, if one is given."""
     lines, result, index = [], [], 0
     for number, (cells, seconds) in enumerate(turns):
         indices = list(range(index, index + cells))
-        lines += [{"code": cell_code(marks, session_id, i, seconds)} for i in indices]
+        lines += [
+            {"code": cell_code(marks, session_id, i, seconds, gate if i == 0 else None)}
+            for i in indices
+        ]
         answer = f"done {session_id} turn {number}"
         lines.append({"text": answer})
         kind = kinds[number] if kinds else "running"
@@ -422,6 +431,9 @@ def audit(client: Client, turns: list[Turn], marks: Path, report: Report) -> dic
         events = list(client.events(session_id, follow=False))
         readable = [e for e in events if not isinstance(e, Unreadable)]
         c["unreadable events"] += len(events) - len(readable)
+        c["kernel restarts (KernelRestarted events)"] += sum(
+            e.type == "KernelRestarted" for e in readable
+        )
         seqs = [e.seq for e in readable]
         if seqs != list(range(1, len(seqs) + 1)):
             c["sessions with seq gaps"] += 1
@@ -450,6 +462,7 @@ def audit(client: Client, turns: list[Turn], marks: Path, report: Report) -> dic
                 report.notes.append(f"{mark.name}: reported ok, marked {runs} times")
             if cell_status == "lost":
                 c["cells reported interrupted"] += 1
+                c["  of which had left their mark"] += runs
             if cell_status == "ok":
                 c["cells run"] += 1
     for name in (
@@ -459,11 +472,13 @@ def audit(client: Client, turns: list[Turn], marks: Path, report: Report) -> dic
         "turns failed",
         "cells run",
         "cells reported interrupted",
+        "  of which had left their mark",
         "cells run twice",
         "cells reported ok without their mark",
         "cells with a wrong number of outputs",
         "sessions with seq gaps",
         "unreadable events",
+        "kernel restarts (KernelRestarted events)",
     ):
         report.counters[name] = c[name]
     return ends
@@ -817,6 +832,9 @@ def run_redis_restart(
         client, fleet, marks, server = r.client, r.fleet, r.marks, r.server
         assert server.appendonly, "a Redis restart loses everything without appendonly"
         base = Baseline(r)
+        # The running turns' first cells wait at this gate, opened during the first
+        # outage: all of them are inside a cell when it begins.
+        gate = r.workdir / f"gate-{uuid.uuid4().hex[:6]}"
         turns: list[Turn] = []
         for i in range(running):
             plan = [(cells, cell_seconds * rng.uniform(0.7, 1.3))]
@@ -824,7 +842,7 @@ def run_redis_restart(
             if i < queued:
                 plan.append((2, 0.2))
                 kinds.append("queued")
-            turns += write_session(r.workdir, marks, f"chaos-r{i:03d}", plan, kinds)
+            turns += write_session(r.workdir, marks, f"chaos-r{i:03d}", plan, kinds, gate=gate)
         for i in range(parked):
             turns += write_session(
                 r.workdir, marks, f"chaos-p{i:03d}", [(2, 0.2)], ["parked"], approval="ask"
@@ -849,6 +867,7 @@ def run_redis_restart(
             open_turns.append(sum(status(client, t) not in _ENDED for t in turns))
             server.stop()
             stopped = time.monotonic()
+            gate.touch()
             time.sleep(down)
             server.start()
             last_up = time.time()
