@@ -1,21 +1,25 @@
 """The chaos suite: a fleet under node kills, Redis restarts and junk, with the counters
 that prove no turn was lost, stranded or failed and no cell ran twice.
 
-    .venv/bin/python bench/chaos.py kills [--sessions 100] [--kills 30] [--nodes 3]
+    .venv/bin/python bench/chaos.py kills [--sessions 100] [--kills 30] [--in-flight 6]
+                                          [--gap 1.5]
     .venv/bin/python bench/chaos.py redis-restart [--running 20] [--queued 3] [--parked 5]
-                                                  [--restarts 3] [--down 3]
-    .venv/bin/python bench/chaos.py junk [--nodes 3]
-    .venv/bin/python bench/chaos.py all
+                                                  [--restarts 3] [--down 3] [--lease-ttl 10]
+    .venv/bin/python bench/chaos.py junk
+    .venv/bin/python bench/chaos.py all      # the three, with their defaults
+    .venv/bin/python bench/chaos.py small    # what tests/test_chaos.py runs
+    (every one: [--nodes 3] [--seed S]; CHAOS_KEEP=1 keeps the run's directory)
 
-- kills: sessions of 4 to 6 cells; a random node is SIGKILLed every few seconds (never the
-  last one up) and started again under its name.
+- kills: sessions of 4 to 6 cells, a few at a time; random nodes are SIGKILLed (never the
+  last one up), the kills spread over the sessions, and started again under their names.
 - redis-restart: Redis (appendonly yes) is stopped and started again on the same port,
-  `--down` seconds each time, while turns run, wait behind a running turn of their
-  session (queued) and wait for an approval (parked, approval="ask"); the parked turns
-  are approved after the last restart.
+  `--down` seconds each time, while turns run (all inside a cell at the first outage),
+  wait behind a running turn of their session (queued) and wait for an approval (parked,
+  approval="ask"); the parked turns are approved after the last restart.
 - junk: malformed messages of many shapes on every queue (the shared one and each
-  node's), on the broadcast and reply channels, in the dispatch and pump sets, as broken
-  approval records and as entries of running sessions' streams; then a canary turn.
+  node's), on the broadcast and reply channels, in the dispatch and pump sets and the node
+  registry, as broken approval records and as entries of running sessions' streams; then
+  a canary turn.
 
 Every cell of a session appends one character to a mark file of its own
 (`<marks>/<session>-<cell>`), so a cell that ran twice leaves two. After the run every
@@ -23,9 +27,9 @@ session's events are read back through the SDK (`seq` must count 1, 2, 3, ... in
 order) and the fleet is drained, after which no lease may be left.
 
 Each scenario starts its own redis-server on a free port (never the machine's shared
-Redis) and real `actfleet worker` processes, prints a table of counters and its
-must-holds, and the script exits 1 when one failed. tests/test_chaos.py runs small
-versions of the same scenarios through `run_kills`, `run_redis_restart` and `run_junk`.
+Redis) and real `actfleet worker` processes (a `Rig`), prints a table of counters and its
+must-holds, and the script exits 1 when one failed. `run_small` runs the three, small, on
+one rig: tests/test_chaos.py calls it.
 """
 
 from __future__ import annotations
