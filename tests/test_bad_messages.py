@@ -3,82 +3,16 @@ and the fleet goes on (a canary turn sent after the junk finishes)."""
 
 from __future__ import annotations
 
-import base64
 import json
-import pickle
-import uuid
+import time
+from collections import Counter
 from pathlib import Path
 
-import msgpack
 import redis
 
 from actfleet.client import Client
+from bench.chaos import envelope, queue_junk
 from tests.conftest import cli, wait_for, write_replay
-
-
-def envelope(
-    body: bytes,
-    *,
-    task: object = "actfleet.model_step",
-    content_type: str = "application/x-msgpack",
-    headers: object = None,
-    encode_body: bool = True,
-    properties: object = None,
-) -> bytes:
-    """A Celery message as kombu's Redis transport stores it, with one part made wrong."""
-    tag = str(uuid.uuid4())
-    return json.dumps(
-        {
-            "body": base64.b64encode(body).decode() if encode_body else body.decode(),
-            "content-encoding": "binary",
-            "content-type": content_type,
-            "headers": headers if headers is not None else {"task": task, "id": tag, "lang": "py"},
-            "properties": properties
-            if properties is not None
-            else {
-                "delivery_tag": tag,
-                "delivery_info": {"exchange": "", "routing_key": "x"},
-                "body_encoding": "base64",
-                "priority": 0,
-            },
-        }
-    ).encode()
-
-
-def step_body(args: list, kwargs: dict | None = None) -> bytes:
-    return msgpack.packb([args, kwargs or {}, {}])
-
-
-def junk(ref: str) -> dict[str, bytes]:
-    """Malformed messages by kind, each one a node could meet on a queue."""
-    return {
-        "not json": b"not json {",
-        "a json list": b"[1, 2]",
-        "a json string": b'"a string"',
-        "empty": b"",
-        "binary": b"\xff\xfe binary",
-        "no properties": b'{"body": "!!!"}',
-        "properties not an object": envelope(step_body([ref]), properties=[1]),
-        "body not base64": envelope(b"!!! not base64 !!!", encode_body=False),
-        "msgpack of the wrong shape": envelope(msgpack.packb("just a string")),
-        "body not msgpack": envelope(b"\xc1\xc1\xc1"),
-        "json content": envelope(b'[["x"], {}, {}]', content_type="application/json"),
-        "pickle content": envelope(
-            pickle.dumps([["x"], {}, {}]), content_type="application/x-python-serialize"
-        ),
-        "unknown task": envelope(step_body([ref]), task="os.system"),
-        "headers without a task": envelope(step_body([ref]), headers={"id": "1"}),
-        "headers not an object": envelope(step_body([ref]), headers="x"),
-        "two arguments": envelope(step_body([ref, ref])),
-        "keyword arguments": envelope(step_body([], {"ref": ref})),
-        "argument of the wrong type": envelope(step_body([123])),
-        "argument JSON cannot hold": envelope(step_body([{b"bytes key": 1}])),
-        "keyword argument named task": envelope(step_body([ref], {"task": 1})),
-        "malformed step reference": envelope(step_body(["a|b"])),
-        "step reference with a path": envelope(step_body(["../..|main|t|1|model"])),
-        "kind other than the task's": envelope(step_body([ref.replace("model", "collect")])),
-        "20 MB": envelope(b"\x00" * 20_000_000),
-    }
 
 
 def test_every_kind_of_malformed_message_is_dead_lettered_and_the_node_goes_on(
@@ -87,7 +21,7 @@ def test_every_kind_of_malformed_message_is_dead_lettered_and_the_node_goes_on(
     fleet = fleet_factory(redis_url)
     fleet.start("n1")
     r = redis.Redis.from_url(redis_url)
-    kinds = junk("s-x|main|t-x|1|model")
+    kinds = queue_junk("s-x|main|t-x|1|model")
     for queue in ("actfleet.shared", "actfleet.node.n1"):
         for body in kinds.values():
             r.lpush(queue, body)
@@ -130,11 +64,13 @@ def test_junk_on_the_broadcast_channel_is_dead_lettered_and_the_node_goes_on(
     r = redis.Redis.from_url(redis_url)
     db = redis_url.rsplit("/", 1)[1]
     wait_for(lambda: r.pubsub_numpat() > 0, 30, "the node's remote-control subscription")
-    for body in (b"not json {", b"[1, 2]", b'{"body": "!!!"}', envelope(b"\xc1")):
+    junk = [b"not json {", b"", b"\xff\xfe", b"[" * 100_000, b"[1, 2]", b'{"body": "!!!"}']
+    for body in [*junk, envelope(b"\xc1")]:
         assert r.publish(f"/{db}.celery.pidbox", body) == 1
-    wait_for(lambda: r.llen("actfleet:deadletters") >= 3, 30, "dead letters")
+    wait_for(lambda: r.llen("actfleet:deadletters") >= 7, 30, "dead letters")
     reasons = " ".join(json.loads(x)["reason"] for x in r.lrange("actfleet:deadletters", 0, -1))
-    assert reasons.count("unreadable broadcast message") == 2, reasons
+    # kombu itself drops the first four with a log line only; they are dead-lettered too.
+    assert reasons.count("unreadable broadcast message") == 6, reasons
     assert "undecodable message body" in reasons
     replay = write_replay(tmp_path / "r.jsonl", {"text": "canary"})
     client = Client(redis_url)
@@ -167,6 +103,45 @@ def test_junk_and_forged_cancels_on_the_reply_channels_change_nothing(
         "not a valid id on the actfleet:cancels channel",
         "not a valid id on the actfleet:decided channel",
     ]
+
+
+def test_binary_junk_on_the_reply_channels_is_dead_lettered_and_the_node_keeps_listening(
+    redis_url: str, fleet_factory
+):
+    fleet = fleet_factory(redis_url)
+    fleet.start("n1")
+    r = redis.Redis.from_url(redis_url)
+    wait_for(lambda: r.pubsub_numsub("actfleet:decided")[0][1] == 1, 30, "the listener")
+    for channel in ("actfleet:decided", "actfleet:cancels"):
+        for body in (b"\xff\xfe", b"", b"../x"):
+            r.publish(channel, body)
+    wait_for(lambda: r.llen("actfleet:deadletters") >= 6, 30, "6 dead letters")
+    sources = sorted(json.loads(x)["source"] for x in r.lrange("actfleet:deadletters", 0, -1))
+    assert sources == ["actfleet:cancels"] * 3 + ["actfleet:decided"] * 3
+    assert "resubscribing" not in fleet.log("n1")
+
+
+def test_junk_in_the_swept_sets_is_dead_lettered_once_and_takeover_goes_on(
+    redis_url: str, fleet_factory
+):
+    """Every node sweeps the dispatch and pump sets and the node registry: a junk member
+    is dead-lettered once, and a member that is no text does not stop the takeover of a
+    dead node."""
+    fleet = fleet_factory(redis_url)
+    for name in ("a", "b", "c"):
+        fleet.start(name)
+    r = redis.Redis.from_url(redis_url)
+    dispatch = [f"junk-{i}".encode() for i in range(20)]
+    r.zadd("actfleet:dispatch", dict.fromkeys(dispatch, 0))
+    r.sadd("actfleet:pumps", *[f"pump-junk-{i}" for i in range(10)])
+    r.sadd("actfleet:nodes", b"\xff\xfe node")
+    fleet.kill("a")
+    wait_for(lambda: not r.sismember("actfleet:nodes", "a"), 30, "node a to be taken over")
+    wait_for(lambda: r.llen("actfleet:deadletters") >= 31, 30, "31 dead letters")
+    time.sleep(2)  # a few more sweeps of both nodes: nothing is dead-lettered twice
+    sources = Counter(json.loads(x)["source"] for x in r.lrange("actfleet:deadletters", 0, -1))
+    assert sources == {"actfleet:dispatch": 20, "actfleet:pumps": 10, "actfleet:nodes": 1}
+    assert r.zcard("actfleet:dispatch") == r.scard("actfleet:pumps") == 0
 
 
 def _seen(r: redis.Redis, session_id: str, event_type: bytes) -> bool:

@@ -11,6 +11,7 @@ from queue import Empty
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from kombu.utils.encoding import bytes_to_str
 
 from actfleet.broker.dead_letters import dead_letter, push
 
@@ -31,6 +32,20 @@ class Undeliverable(Exception):
 
 
 class Channel(kombu_redis.Channel):
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        """kombu's connection parameters, remembered. When the connection to Redis is
+        lost, kombu clears the transport's client before the channel has put its
+        unacknowledged messages back, and before the steps still running acknowledge
+        theirs; each of those then failed with an AttributeError that stopped the node
+        (Celery: "Unrecoverable error"). With the parameters remembered, they reach Redis
+        again (or fail with a connection error, which kombu and Celery handle)."""
+        remembered = self.__dict__.setdefault("_remembered_connparams", {})
+        if self.connection.client is None and asynchronous in remembered:
+            return dict(remembered[asynchronous])
+        params = super()._connparams(asynchronous=asynchronous)
+        remembered[asynchronous] = dict(params)
+        return params
+
     def _brpop_read(self, **options: Any) -> bool:
         try:
             return super()._brpop_read(**options)
@@ -42,6 +57,22 @@ class Channel(kombu_redis.Channel):
             reason = f"unreadable message envelope: {type(exc).__name__}: {exc}"
             self.dead_letter(getattr(exc, "doc", ""), reason)
         return True
+
+    def _handle_message(self, client: Any, r: Any) -> Any:
+        """A broadcast message kombu would drop with only a log line (empty, or not JSON)
+        is dead-lettered here and skipped (kombu skips a message whose data is empty)."""
+        payload = super()._handle_message(client, r)
+        if bytes_to_str(payload["type"]).endswith("message"):
+            data = payload["data"]
+            try:
+                if not data:
+                    raise ValueError("empty message")
+                json.loads(data)
+            except (ValueError, RecursionError) as exc:
+                reason = f"unreadable broadcast message: {type(exc).__name__}: {exc}"
+                self.dead_letter(data, reason)
+                return {**payload, "data": b""}
+        return payload
 
     def _receive_one(self, c: Any) -> Any:
         try:

@@ -99,7 +99,7 @@ class Approvals:
         acted on once the session's cancel key confirms it; a decision wakes the cell
         waiting on that request, which reads the record. Junk is dead-lettered."""
         ctx = self.ctx
-        name = text(data)
+        name = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
         if not is_valid_id(name):
             reason = f"not a valid id on the {channel} channel"
             await ctx.dead_letter(channel, data, reason)

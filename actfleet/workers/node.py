@@ -166,8 +166,13 @@ class Node:
             await pipe.execute()
 
     async def _take_over_dead_nodes(self) -> None:
-        for name in await self.ctx.redis.smembers(self.keys.nodes()):
-            name = text(name)
+        for member in await self.ctx.redis.smembers(self.keys.nodes()):
+            try:
+                name = member.decode()
+            except UnicodeDecodeError as exc:  # junk: it would stop every takeover
+                if await self.ctx.redis.srem(self.keys.nodes(), member):
+                    await self.ctx.dead_letter(self.keys.nodes(), member, f"not a node name: {exc}")
+                continue
             if name != self.name and not await self.ctx.redis.exists(self.keys.node(name)):
                 await self.recover(name)
 

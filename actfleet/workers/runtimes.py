@@ -60,6 +60,8 @@ class Runtimes:
     def __init__(self, ctx: NodeContext, pool: KernelPool, workdir: Path, capacity: int):
         self.ctx, self.pool, self.workdir, self.capacity = ctx, pool, workdir, capacity
         self.table: dict[tuple[str, str], Runtime] = {}
+        self._releasing: dict[tuple[str, str], asyncio.Future[None]] = {}
+        """Agents whose runtime is being released, until it is done."""
 
     def holds(self, session_id: str, agent_id: str) -> bool:
         return (session_id, agent_id) in self.table
@@ -68,19 +70,31 @@ class Runtimes:
         """The agent's runtime on this node; or the queue of the live node that holds it;
         or None when this node is full."""
         ctx, key = self.ctx, (session_id, agent_id)
-        if key not in self.table and not await self._make_room():
-            return None
-        verdict, other = await transitions.take_lease(
-            ctx.keys, session_id, agent_id, node=ctx.name, boot=ctx.boot, ttl=ctx.settings.lease_ttl
-        ).arun(ctx.redis)
-        if verdict == "other":
-            self.table.pop(key, None)
-            return ctx.keys.node_queue(other)
-        runtime = self.table.get(key)
-        if runtime is None:
-            runtime = await self._make(session_id, agent_id)
-        runtime.last_used = time.monotonic()
-        return runtime
+        while True:
+            # A runtime of this agent being released is let go first: its release removes
+            # the working directory and the lease that a runtime made meanwhile would use.
+            while (releasing := self._releasing.get(key)) is not None:
+                await asyncio.shield(releasing)
+            if key not in self.table and not await self._make_room():
+                return None
+            verdict, other = await transitions.take_lease(
+                ctx.keys,
+                session_id,
+                agent_id,
+                node=ctx.name,
+                boot=ctx.boot,
+                ttl=ctx.settings.lease_ttl,
+            ).arun(ctx.redis)
+            if verdict == "other":
+                self.table.pop(key, None)
+                return ctx.keys.node_queue(other)
+            if key in self._releasing:
+                continue  # evicted while the lease was renewed: wait, then take it again
+            runtime = self.table.get(key)
+            if runtime is None:
+                runtime = await self._make(session_id, agent_id)
+            runtime.last_used = time.monotonic()
+            return runtime
 
     async def _make(self, session_id: str, agent_id: str) -> Runtime:
         """A new runtime: its working directory (always inside the node's), its agent's
@@ -153,8 +167,19 @@ class Runtimes:
         """Drop a runtime: its kernel stops, its lease and membership go, its working
         directory is removed (unless ACTFLEET_KEEP_WORKDIRS); `why` is what the model is
         told when the agent next runs."""
+        key = (runtime.session_id, runtime.agent_id)
+        self.table.pop(key, None)
+        done = asyncio.get_running_loop().create_future()
+        self._releasing[key] = done
+        try:
+            await self._release(runtime, why)
+        finally:
+            if self._releasing.get(key) is done:
+                del self._releasing[key]
+            done.set_result(None)
+
+    async def _release(self, runtime: Runtime, why: str) -> None:
         ctx = self.ctx
-        self.table.pop((runtime.session_id, runtime.agent_id), None)
         if runtime.kernel is None and runtime.starting is not None:
             runtime.starting.cancel()
             with contextlib.suppress(BaseException):

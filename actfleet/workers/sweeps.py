@@ -34,8 +34,8 @@ async def redispatch(ctx: NodeContext, running: set[str]) -> None:
         try:
             ref = StepRef.decode(member)
         except BadRecord as exc:
-            await ctx.redis.zrem(dispatch, member)
-            await ctx.dead_letter(dispatch, member, str(exc))
+            if await ctx.redis.zrem(dispatch, member):  # once, though every node sweeps
+                await ctx.dead_letter(dispatch, member, str(exc))
             continue
         await ctx.redis.zadd(dispatch, {ref.encode(): now}, xx=True)
         log.info("sending %s again: nothing progressed it", ref.encode())
@@ -73,8 +73,8 @@ async def pump_children(ctx: NodeContext) -> None:
             session_id, parent, cap = text(member).split("|")
             await start_children(ctx, session_id, parent, int(cap))
         except (ValueError, BadRecord) as exc:
-            await ctx.redis.srem(ctx.keys.pumps(), member)
-            await ctx.dead_letter(ctx.keys.pumps(), member, str(exc))
+            if await ctx.redis.srem(ctx.keys.pumps(), member):  # once, though every node sweeps
+                await ctx.dead_letter(ctx.keys.pumps(), member, str(exc))
 
 
 async def prune_sessions(ctx: NodeContext) -> None:
