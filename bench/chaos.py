@@ -22,7 +22,9 @@ that prove no turn was lost, stranded or failed and no cell ran twice.
   a canary turn.
 
 Every cell of a session appends one character to a mark file of its own
-(`<marks>/<session>-<cell>`), so a cell that ran twice leaves two. After the run every
+(`<marks>/<session>-<cell>`, through a mark server on the host's loopback: kernels are
+sandboxed and see no host directory), so a cell that ran twice leaves two. Redis has a
+password, as nodes require. After the run every
 session's events are read back through the SDK (`seq` must count 1, 2, 3, ... in stream
 order) and the fleet is drained, after which no lease may be left.
 
@@ -40,9 +42,12 @@ import json
 import os
 import pickle
 import random
+import re
+import secrets
 import shutil
 import signal
 import socket
+import socketserver
 import subprocess
 import sys
 import tempfile
@@ -114,15 +119,17 @@ class RedisServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
         self.proc: subprocess.Popen[bytes] | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = secrets.token_urlsafe(24)
+        self.url = f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
         args += ["--save", "", "--dir", str(self.dir), "--maxmemory-policy", "noeviction"]
         args += ["--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec"]
+        args += ["--requirepass", self.password]
         with open(self.dir / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        probe = redis.Redis(port=self.port, socket_connect_timeout=1)
+        probe = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=1)
 
         def answers() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
@@ -308,24 +315,59 @@ class Turn:
     submitted: float = 0.0
 
 
+class MarkServer(socketserver.ThreadingTCPServer):
+    """Where cells leave their marks and look at a gate: a server on the host's loopback.
+    Kernels are sandboxed, so no host directory is in their view; with network `full` the
+    host's loopback is. `mark NAME` appends one character to `dir/NAME` before it answers;
+    `gate NAME` answers whether `dir/NAME` exists."""
+
+    daemon_threads = True
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        super().__init__(("127.0.0.1", 0), _MarkHandler)
+        self.port = self.server_address[1]
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class _MarkHandler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        verb, _, name = self.rfile.readline(200).decode(errors="replace").strip().partition(" ")
+        if not re.fullmatch(r"[\w.-]+", name):
+            return
+        path = self.server.dir / name  # type: ignore[attr-defined]
+        if verb == "mark":
+            with open(path, "a") as mark:
+                mark.write("x")
+            self.wfile.write(b"ok\n")
+        elif verb == "gate":
+            self.wfile.write(b"open\n" if path.exists() else b"shut\n")
+
+
 def cell_code(
-    marks: Path, session_id: str, index: int, seconds: float, gate: Path | None = None
+    marks: MarkServer, session_id: str, index: int, seconds: float, gate: Path | None = None
 ) -> str:
     """A cell that leaves its mark first, then works a while (a kill mid-cell leaves one
-    mark; a cell run twice leaves two); with a `gate`, it waits for that file to exist
-    before working."""
-    mark = str(marks / f"{session_id}-{index}")
-    wait = f"while not os.path.exists({str(gate)!r}):\n    time.sleep(0.05)\n" if gate else ""
+    mark; a cell run twice leaves two); with a `gate` (a file in the marks' directory), it
+    waits for that file to exist before working."""
+    ask = (
+        "def ask(line):\n"
+        f"    with socket.create_connection(('127.0.0.1', {marks.port}), timeout=30) as s:\n"
+        "        s.sendall(line.encode() + b'\\n')\n"
+        "        return s.makefile().readline().strip()\n"
+    )
+    wait = f"while ask('gate {gate.name}') != 'open':\n    time.sleep(0.05)\n" if gate else ""
     return (
-        f"open({mark!r}, 'a').write('x')\n"
-        f"import os, time\n{wait}time.sleep({seconds:.2f})\n"
+        f"import socket, time\n{ask}"
+        f"assert ask('mark {session_id}-{index}') == 'ok'\n"
+        f"{wait}time.sleep({seconds:.2f})\n"
         f"print('cell {index} of {session_id}')"
     )
 
 
 def write_session(
     workdir: Path,
-    marks: Path,
+    marks: MarkServer,
     session_id: str,
     turns: list[tuple[int, float]],
     kinds: list[str] | None = None,
@@ -562,6 +604,7 @@ class Rig:
         )
         self.marks = workdir / "marks"
         self.marks.mkdir(exist_ok=True)
+        self.mark_server = MarkServer(self.marks)
         self.client: Client
 
     def start(self) -> Rig:
@@ -576,6 +619,8 @@ class Rig:
             self.client.close()
         self.fleet.close()
         self.server.stop()
+        self.mark_server.shutdown()
+        self.mark_server.server_close()
 
     def finish(self, report: Report) -> None:
         """Drain the fleet and count what is left: no lease, runtime or dispatch entry may
@@ -672,7 +717,7 @@ def run_kills(
         turns = []
         for i in range(sessions):
             plan = [(rng.randint(*cells), rng.uniform(*cell_seconds))]
-            turns += write_session(r.workdir, marks, f"chaos-k{i:03d}", plan)
+            turns += write_session(r.workdir, r.mark_server, f"chaos-k{i:03d}", plan)
         submitted = [0]
 
         def due(count: int) -> int:
@@ -838,7 +883,7 @@ def run_redis_restart(
         base = Baseline(r)
         # The running turns' first cells wait at this gate, opened during the first
         # outage: all of them are inside a cell when it begins.
-        gate = r.workdir / f"gate-{uuid.uuid4().hex[:6]}"
+        gate = marks / f"gate-{uuid.uuid4().hex[:6]}"
         turns: list[Turn] = []
         for i in range(running):
             plan = [(cells, cell_seconds * rng.uniform(0.7, 1.3))]
@@ -846,10 +891,12 @@ def run_redis_restart(
             if i < queued:
                 plan.append((2, 0.2))
                 kinds.append("queued")
-            turns += write_session(r.workdir, marks, f"chaos-r{i:03d}", plan, kinds, gate=gate)
+            turns += write_session(
+                r.workdir, r.mark_server, f"chaos-r{i:03d}", plan, kinds, gate=gate
+            )
         for i in range(parked):
             turns += write_session(
-                r.workdir, marks, f"chaos-p{i:03d}", [(2, 0.2)], ["parked"], approval="ask"
+                r.workdir, r.mark_server, f"chaos-p{i:03d}", [(2, 0.2)], ["parked"], approval="ask"
             )
         for turn in turns:
             submit(client, turn)
@@ -1083,7 +1130,7 @@ def run_junk(
         base = Baseline(rg)
         turns: list[Turn] = []
         for i in range(bystanders):
-            turns += write_session(rg.workdir, marks, f"chaos-j{i:03d}", [cells])
+            turns += write_session(rg.workdir, rg.mark_server, f"chaos-j{i:03d}", [cells])
         for turn in turns:
             submit(client, turn)
         wait_until(
@@ -1150,7 +1197,7 @@ def run_junk(
         except TimeoutError as exc:
             report.notes.append(str(exc))
         time.sleep(settle)  # a few heartbeats more: a sweep that dead-letters twice shows
-        canary = write_session(rg.workdir, marks, "chaos-canary", [(1, 0.1)])
+        canary = write_session(rg.workdir, rg.mark_server, "chaos-canary", [(1, 0.1)])
         submit(client, canary[0])
         wait_turns(client, turns + canary, 60, fleet)
         report.lap("junk and turns")
