@@ -206,6 +206,24 @@ def test_the_command_asked_for_is_the_command_run_after_expansion(tmp_path: Path
     run(test)
 
 
+def test_bash_and_sh_cells_ask_once_each_and_run(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    async def yes(cmd: str) -> bool:
+        asked.append(cmd)
+        return True
+
+    async def test() -> None:
+        async with kernels(tmp_path) as (kernel,):
+            bash = await kernel.execute("%%bash\necho from bash\n", on_shell=yes)
+            sh = await kernel.execute("%%sh\necho from sh\n", on_shell=yes)
+            assert (bash.status, sh.status) == ("ok", "ok"), bash.text + sh.text
+            assert "from bash" in bash.text and "from sh" in sh.text
+            assert asked == ["echo from bash\n", "echo from sh\n"]
+
+    run(test)
+
+
 def test_rejected_shell_command_raises_in_the_cell_and_does_not_run(tmp_path: Path) -> None:
     async def no(cmd: str) -> bool:
         return False

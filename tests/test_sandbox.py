@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import textwrap
+from importlib.resources import files
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -316,3 +317,18 @@ def test_without_bubblewrap_a_node_refuses_to_start_unless_told_no_sandbox(
     fleet = fleet_factory(redis_url, no_tools)
     fleet.start("bare", "--no-sandbox")
     assert "kernels run WITHOUT a sandbox" in fleet.log("bare")
+
+
+def test_the_demos_subagents_each_see_only_their_own_kernels_processes(fleet):
+    """The bundled example's closing claim is what its subagents print."""
+    client = Client(fleet.redis_url)
+    example = files("actfleet") / "examples" / "subagents.jsonl"
+    handle = client.submit("go", model=f"replay:{example}", approval="auto")
+    assert client.wait(handle, timeout=120).status == "finished"
+    outputs = [
+        e.text
+        for e in client.events(handle.session_id, follow=False)
+        if isinstance(e, ev.CodeExecutionOutput)
+    ]
+    assert len(outputs) == 3
+    assert all(text.strip() == "processes I can see: [1, 2]" for text in outputs), outputs
