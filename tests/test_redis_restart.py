@@ -8,7 +8,7 @@ from pathlib import Path
 import redis
 
 from actfleet.client import Client
-from bench.chaos import Fleet, RedisServer
+from bench.chaos import Fleet, Marks, RedisServer, cell_code
 from tests.conftest import wait_for, write_replay
 
 
@@ -23,20 +23,22 @@ def test_a_node_running_a_step_survives_a_redis_restart_and_the_turn_finishes(tm
     client = Client(server.url)
     try:
         fleet.start(["n1"])
-        mark = tmp_path / "mark"
         replay = write_replay(
             tmp_path / "r.jsonl",
-            {"code": f"open({str(mark)!r}, 'a').write('x')\nimport time\ntime.sleep(4)"},
+            {"code": cell_code("s-restart", 0, 4.0)},
             {"text": "after the restart"},
         )
-        handle = client.submit("x", model=f"replay:{replay}", approval="auto")
-        wait_for(mark.exists, 60, "the cell to start")
+        marks = Marks(tmp_path / "runtimes")
+        handle = client.submit(
+            "x", model=f"replay:{replay}", session_id="s-restart", approval="auto"
+        )
+        wait_for(lambda: marks.started("s-restart", 0), 60, "the cell to start")
         server.stop()
         time.sleep(1)  # Redis is down for a while: the outage is what is tested
         server.start()
         result = client.wait(handle, timeout=60)
         assert (result.status, result.response) == ("finished", "after the restart")
-        assert mark.read_text() == "x"
+        assert marks.runs("s-restart", 0) == 1
         fleet.check()
         assert fleet.died == [], fleet.log("n1")
         assert fleet.drain() == []

@@ -19,7 +19,7 @@ class SlowKernel:
 
 
 class Pool:
-    async def acquire(self, working_dir: Path) -> SlowKernel:
+    async def acquire(self, working_dir: Path, network: str = "") -> SlowKernel:
         assert working_dir.is_dir()
         return SlowKernel()
 
