@@ -332,3 +332,23 @@ def test_the_demos_subagents_each_see_only_their_own_kernels_processes(fleet):
     ]
     assert len(outputs) == 3
     assert all(text.strip() == "processes I can see: [1, 2]" for text in outputs), outputs
+
+
+def test_a_kernel_that_outlived_its_node_is_killed_before_its_uid_is_used_again(
+    tmp_path: Path,
+):
+    from actfleet.workers.sandbox import UidSlot
+
+    base = 300_000 + os.getpid() % 1000 * 10
+    orphan = subprocess.Popen(
+        ["setpriv", f"--reuid={base}", f"--regid={base}", "--clear-groups", "sleep", "60"]
+    )
+    status = Path(f"/proc/{orphan.pid}/status")
+    wait_for(lambda: f"Uid:\t{base}" in status.read_text(), 10, "the orphan to run as its uid")
+    try:
+        slot = UidSlot(base, lock_dir=tmp_path / "uids")
+        assert slot.uid == base
+        assert orphan.wait(10) == -signal.SIGKILL
+        slot.release()
+    finally:
+        orphan.kill()

@@ -11,9 +11,11 @@ docs/security.md says what this does and does not guarantee.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -137,7 +139,9 @@ class Sandbox:
 
 class UidSlot:
     """One kernel uid, held (by an flock on this machine) for the kernel's life, so two
-    live kernels never share a uid, whichever node started them."""
+    live kernels never share a uid, whichever node started them. A process still running
+    as a free uid is a kernel that outlived its node (SIGKILLed while the kernel was being
+    started): it is killed before the uid is used again."""
 
     def __init__(self, base: int, lock_dir: Path = Path("/run/actfleet-uids")) -> None:
         lock_dir.mkdir(parents=True, exist_ok=True)
@@ -149,6 +153,7 @@ class UidSlot:
                 os.close(fd)
                 continue
             self.uid, self._fd = base + slot, fd
+            _kill_processes_of(self.uid)
             return
         raise SandboxUnavailable(f"all {_UID_SLOTS} kernel uids from {base} are in use")
 
@@ -156,6 +161,20 @@ class UidSlot:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _kill_processes_of(uid: int) -> None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        uids = next((line.split()[1:] for line in status.splitlines() if line[:4] == "Uid:"), [])
+        if str(uid) in uids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def check_available(sandbox: Sandbox) -> None:
