@@ -111,7 +111,10 @@ class Sandbox:
             args.append("--unshare-net")
         if os.geteuid() != 0:
             args.append("--unshare-user")
-        made: set[Path] = {Path("/"), Path("/tmp")}
+        # /tmp first: what is bound below it afterwards (a venv or a workdir in /tmp) shows.
+        args += ["--perms", "1777", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--tmpfs", "/dev/shm"]
+        made: set[Path] = {Path("/"), Path("/tmp"), Path("/dev")}
         for path in (*_SYSTEM_DIRS, *_SYSTEM_FILES):
             if os.path.exists(path):
                 args += [*_parents(Path(path), made), "--ro-bind", path, path]
@@ -122,8 +125,6 @@ class Sandbox:
                 args += ["--ro-bind", link, link]
         for prefix in sorted({sys.prefix, sys.base_prefix, _real_prefix()}):
             args += [*_parents(Path(prefix), made), "--ro-bind", prefix, prefix]
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
         args += [*_parents(kernel_dir, made), "--bind", str(kernel_dir), str(kernel_dir)]
         args += ["--bind", str(workspace), str(WORKSPACE), "--chdir", str(WORKSPACE)]
         args += ["--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp"]
