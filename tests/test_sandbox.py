@@ -352,3 +352,15 @@ def test_a_kernel_that_outlived_its_node_is_killed_before_its_uid_is_used_again(
         slot.release()
     finally:
         orphan.kill()
+
+
+def test_the_private_tmp_is_mounted_before_anything_is_bound_below_it(tmp_path: Path):
+    """A venv, a checkout or a workdir under /tmp must stay visible to the kernel."""
+    from actfleet.broker.settings import Settings
+    from actfleet.workers.sandbox import Sandbox
+
+    args = Sandbox.from_settings(Settings()).command(tmp_path / "k", tmp_path / "w", ["x"], None)
+    tmpfs = args.index("/tmp")
+    assert args[tmpfs - 1] == "--tmpfs"
+    binds = [i for i, arg in enumerate(args) if arg in ("--bind", "--ro-bind", "--dir")]
+    assert binds and min(binds) > tmpfs
