@@ -43,7 +43,6 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,6 +68,7 @@ from actfleet.broker.events import (
 )
 from actfleet.broker.keys import Keys
 from actfleet.client import Client
+from actfleet.client.local_redis import free_port
 from actfleet.client.sdk import Handle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,12 +84,6 @@ about 3.5 s instead of 12."""
 
 
 # ---- processes --------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:

@@ -186,12 +186,20 @@ def test_shell_approval_wait_does_not_count_against_the_timeout(tmp_path: Path) 
     run(test)
 
 
-def test_the_command_asked_for_is_the_command_run_after_expansion(tmp_path: Path) -> None:
-    asked: list[str] = []
+class Approver:
+    """An `on_shell` that approves every command and records each one asked about."""
 
-    async def yes(cmd: str) -> bool:
-        asked.append(cmd)
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def __call__(self, cmd: str) -> bool:
+        self.asked.append(cmd)
         return True
+
+
+def test_the_command_asked_for_is_the_command_run_after_expansion(tmp_path: Path) -> None:
+    yes = Approver()
+    asked = yes.asked
 
     async def test() -> None:
         async with kernels(tmp_path) as (kernel,):
@@ -207,11 +215,8 @@ def test_the_command_asked_for_is_the_command_run_after_expansion(tmp_path: Path
 
 
 def test_bash_and_sh_cells_ask_once_each_and_run(tmp_path: Path) -> None:
-    asked: list[str] = []
-
-    async def yes(cmd: str) -> bool:
-        asked.append(cmd)
-        return True
+    yes = Approver()
+    asked = yes.asked
 
     async def test() -> None:
         async with kernels(tmp_path) as (kernel,):
