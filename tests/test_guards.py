@@ -138,3 +138,16 @@ def test_watch_prints_every_event_around_a_junk_stream_entry_and_a_notice(fleet,
         *(type(e).__name__ for e in second_turn),
     ]
     assert "TurnFinished" in types[-3:]
+
+
+def test_a_dispatch_entry_for_no_current_step_is_dead_lettered_not_sent_forever(fleet):
+    client = Client(fleet.redis_url)
+    ghost = "s-ghost|main|t-ghost|1|model"  # a step of a turn that does not exist
+    fleet.redis.zadd("actfleet:dispatch", {ghost: 1})
+
+    def dead_lettered() -> bool:
+        return any(ghost in str(entry) for entry in client.dead_letters(100))
+
+    wait_for(dead_lettered, 30, "the sweep to dead-letter the ghost step")
+    assert fleet.redis.zscore("actfleet:dispatch", ghost) is None
+    assert f"sending {ghost} again" not in fleet.log("n1")

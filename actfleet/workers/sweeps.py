@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
-from actfleet.broker.records import BadRecord, StepRef
+from actfleet.broker.records import CURRENT_STEP, BadRecord, StepRef, running_step
 from actfleet.broker.transitions import text
 from actfleet.workers.approvals import Approvals
 from actfleet.workers.context import NodeContext
@@ -36,6 +36,14 @@ async def redispatch(ctx: NodeContext, running: set[str]) -> None:
         except BadRecord as exc:
             if await ctx.redis.zrem(dispatch, member):  # once, though every node sweeps
                 await ctx.dead_letter(dispatch, member, str(exc))
+            continue
+        current = await ctx.redis.hmget(ctx.keys.turn(ref.turn_id), *CURRENT_STEP)
+        if running_step(ref.session_id, ref.agent_id, ref.turn_id, current) != ref:
+            # Every transition that adds a step makes it its running turn's current one,
+            # and the commit that moves on takes it out: this one is junk or a leftover.
+            if await ctx.redis.zrem(dispatch, member):
+                reason = "not its turn's current step (the turn is gone, ended or moved on)"
+                await ctx.dead_letter(dispatch, member, reason)
             continue
         await ctx.redis.zadd(dispatch, {ref.encode(): now}, xx=True)
         log.info("sending %s again: nothing progressed it", ref.encode())
