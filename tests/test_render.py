@@ -35,6 +35,11 @@ def rendered(*events: ev.Event, width: int = 100) -> str:
 # ---- rendering, event by event --------------------------------------------------------
 
 
+def test_a_tool_call_with_bytes_in_its_arguments_is_shown_not_a_crash():
+    text = rendered(ev.ToolCall(**ENV, corr_id="c1", tool_name="t", args={"x": b"\xffok"}))
+    assert text.startswith('tool call t {"x": "') and 'ok"}' in text
+
+
 def test_cell_output_and_answers_are_framed():
     text = rendered(
         ev.CodeExecutionOutputChunk(**ENV, corr_id="c1", text="4"),

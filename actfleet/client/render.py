@@ -136,7 +136,9 @@ class Renderer:
             case ev.ToolCall():
                 c.print(
                     Text.assemble(
-                        f"{who}tool call ", (event.tool_name, "bold"), f" {json.dumps(event.args)}"
+                        f"{who}tool call ",
+                        (event.tool_name, "bold"),
+                        f" {json.dumps(event.args, default=_bytes_as_text)}",
                     )
                 )
             case ev.ToolOutput() if event.tool_name == "subagent_task":
