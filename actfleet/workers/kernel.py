@@ -33,7 +33,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from actfleet.broker.settings import Settings
 from actfleet.broker.settings import settings as current_settings
-from actfleet.workers.sandbox import WORKSPACE, Sandbox, UidSlot
+from actfleet.workers.sandbox import Sandbox, UidSlot, code_dir
 from actfleet.workers.shell_approvals import APPROVED, REJECTED, init_code, shell_request
 
 __all__ = (
@@ -143,7 +143,6 @@ class KernelProcess:
 
     def __init__(self, directory: Path, workspace: Path | None, sandbox: Sandbox | None) -> None:
         self.directory = directory
-        self.sandbox = sandbox
         self.workspace = workspace
         self._adopted = False
         self._uid = UidSlot(sandbox.uid_base) if sandbox and os.geteuid() == 0 else None
@@ -205,10 +204,6 @@ class KernelProcess:
             await process.close()
             raise
         return process
-
-    def code_dir(self, working_dir: Path) -> Path:
-        """Where code in this process sees `working_dir` once adopted."""
-        return WORKSPACE if self.sandbox is not None else working_dir
 
     def adopt(self, working_dir: Path) -> None:
         """Make this process's workspace the agent's working directory: what the directory
@@ -458,7 +453,7 @@ class Kernel:
         process = await self._launcher()
         try:
             process.adopt(self.working_dir)
-            self.code_dir = process.code_dir(self.working_dir)
+            self.code_dir = code_dir(self.working_dir, process.workspace is not None)
             out = _Output(self._settings.output_cap, None)
             msg_id = process.client.execute(
                 init_code(self.code_dir), store_history=False, allow_stdin=False

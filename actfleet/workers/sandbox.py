@@ -28,6 +28,13 @@ Network = Literal["none", "full"]
 NETWORKS: tuple[Network, ...] = ("none", "full")
 WORKSPACE = Path("/workspace")
 """Where a sandboxed kernel sees its working directory."""
+
+
+def code_dir(working_dir: Path, sandboxed: bool) -> Path:
+    """Where a kernel's code sees its working directory (what the model is told)."""
+    return WORKSPACE if sandboxed else working_dir
+
+
 _SYSTEM_DIRS = ("/usr", "/etc/alternatives", "/etc/ssl", "/etc/ca-certificates")
 _SYSTEM_FILES = (
     "/etc/ld.so.cache",
@@ -191,12 +198,19 @@ def check_available(sandbox: Sandbox) -> None:
             )
     probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"actfleet-sandbox-probe-{os.getpid()}"
     probe.mkdir(exist_ok=True)
+    # As root the probe runs as a kernel uid, held like a kernel's (a free uid's processes
+    # are killed when another node takes it).
+    slot = UidSlot(sandbox.uid_base) if os.geteuid() == 0 else None
     try:
-        uid = sandbox.uid_base if os.geteuid() == 0 else None
+        if slot is not None:
+            os.chown(probe, slot.uid, slot.uid)
+        uid = slot.uid if slot is not None else None
         cmd = sandbox.command(probe, probe, [sys.executable, "-c", "pass"], uid)
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     finally:
         shutil.rmtree(probe, ignore_errors=True)
+        if slot is not None:
+            slot.release()
     if result.returncode != 0:
         raise SandboxUnavailable(
             f"bubblewrap cannot create the kernels' namespaces here ({result.stderr.strip()}). "

@@ -54,7 +54,7 @@ from actfleet.workers.models import (
 )
 from actfleet.workers.outcome import apply, history_of, tool_calls
 from actfleet.workers.runtimes import Runtime, Runtimes
-from actfleet.workers.sandbox import WORKSPACE
+from actfleet.workers.sandbox import code_dir
 
 log = logging.getLogger("actfleet.steps")
 
@@ -236,8 +236,8 @@ def opening_request(
     history yet."""
     parts: list[Any] = []
     if not history:
-        code_dir = WORKSPACE if ctx.settings.sandbox else runtime.workdir
-        parts.append(SystemPromptPart(content=system_prompt(str(code_dir))))
+        where = code_dir(runtime.workdir, ctx.settings.sandbox)
+        parts.append(SystemPromptPart(content=system_prompt(str(where))))
     parts.append(UserPromptPart(content=turn.prompt))
     return ModelRequest(parts=parts)
 
