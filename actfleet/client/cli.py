@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import signal
 import sys
 import threading
 import time
@@ -411,24 +412,42 @@ class _Spinner:
         self.stop()
         self.what = what
         self.status = self.console.status(f"[dim]{what}…[/]", spinner="dots")
-        self.status.start()
+        with _interrupt_held():
+            self.status.start()
 
     def stop(self) -> None:
         if self.status is not None:
-            self.status.stop()
+            with _interrupt_held():
+                self.status.stop()
             self.status = None
 
     @contextmanager
     def paused(self) -> Iterator[None]:
         status, self.status = self.status, None
         if status is not None:
-            status.stop()
+            with _interrupt_held():
+                status.stop()
         try:
             yield
         finally:
             if status is not None:
                 self.status = status
-                status.start()
+                with _interrupt_held():
+                    status.start()
+
+
+@contextmanager
+def _interrupt_held() -> Iterator[None]:
+    """Ctrl-C waits until the block is done: rich's status line, cut halfway through its
+    start or stop, fails with a traceback when it is stopped next."""
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            raise KeyboardInterrupt
 
 
 @app.command()
@@ -721,6 +740,10 @@ def cancel(
     print(f"cancelling {session}")
 
 
+def _local_time(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
 @app.command()
 def sessions(
     limit: Annotated[
@@ -734,8 +757,7 @@ def sessions(
         if json_out:
             print(json_line({"session_id": session_id, "last_active": last}))
         else:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
-            print(f"{when}  {session_id}")
+            print(f"{_local_time(last)}  {session_id}")
 
 
 @app.command("dead-letters")
@@ -755,7 +777,7 @@ def dead_letters(
         if json_out:
             print(json_line(entry))
             continue
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(entry.get("ts") or 0)))
+        when = _local_time(float(entry.get("ts") or 0))
         print(f"{when}  {entry.get('source', '?')}  {entry.get('reason', '')}")
         if entry.get("preview"):
             print(f"    {entry['preview'][:120]!r} ({entry.get('size', '?')} bytes)")
