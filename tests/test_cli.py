@@ -230,19 +230,6 @@ def test_a_turn_stopped_by_max_turns_exits_4_shown_as_not_completed(fleet: Fleet
     assert "✓" not in proc.stdout
 
 
-def test_a_rejected_turn_exits_4_shown_as_not_completed(fleet: Fleet, tmp_path: Path):
-    replay = write_replay(tmp_path / "r.jsonl", {"code": "print('never')"}, {"text": "n/a"})
-    run = in_terminal(fleet.redis_url, "run", "try it", "--model", f"replay:{replay}")
-    run.expect("approve\\?")
-    run.sendline("n")
-    run.expect("reason")
-    run.sendline("not today")
-    run.expect("turn not completed: a request was rejected")
-    run.expect(pexpect.EOF)
-    run.close()
-    assert run.exitstatus == 4
-
-
 # ---- 8: unknown sessions ------------------------------------------------------------
 
 
