@@ -3,7 +3,8 @@
 # actfleet images. Targets:
 #   worker (default)  actfleet installed from pyproject.toml; entrypoint `actfleet`
 #                     (the worker node and the client commands: run, submit, watch, ...)
-#   flower            the same image plus Celery Flower; entrypoint `celery`
+#   flower            the same image plus Celery Flower; entrypoint `celery`, run as
+#                     `celery -A actfleet.broker.flower_app flower`
 #
 #   docker build -t actfleet:0.1.0 .
 #   docker build -t actfleet-flower:0.1.0 --target flower .
@@ -58,7 +59,9 @@ RUN --mount=type=cache,target=/root/.cache/pip pip install "flower>=2.0,<3"
 USER 10001:10001
 EXPOSE 5555
 ENTRYPOINT ["/usr/bin/tini", "--", "celery"]
-CMD ["--broker=redis://redis:6379/0", "flower", "--port=5555"]
+# actfleet's own Celery app (msgpack, its queues and transport), from ACTFLEET_* settings:
+# without it nodes refuse Flower's JSON control messages and Flower sees no task.
+CMD ["-A", "actfleet.broker.flower_app", "flower", "--port=5555"]
 
 
 # The default target (last stage): the actfleet image.

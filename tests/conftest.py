@@ -9,12 +9,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 
 from actfleet.client.local_redis import RedisServerMissing, private_redis
+
+if TYPE_CHECKING:
+    from actfleet.broker.events import Event
+    from actfleet.client import Client
+    from tests.openai_stub import OpenAIStub
 
 ROOT = Path(__file__).resolve().parent.parent
 ACTFLEET = [sys.executable, "-m", "actfleet"]
@@ -36,13 +43,13 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):  # n
 def redis_server() -> Iterator[str]:
     """A private redis-server for the whole run; yields its base URL (no db)."""
     try:
-        with private_redis(databases=64) as url:
+        with private_redis(databases=256) as url:
             yield url
     except RedisServerMissing as exc:
         pytest.fail(f"{exc}, or run the tests through scripts/test")
 
 
-_next_db = iter(range(1, 64))
+_next_db = iter(range(1, 256))
 
 
 def new_db_url(redis_server: str) -> str:
@@ -50,7 +57,7 @@ def new_db_url(redis_server: str) -> str:
     one allocator of database numbers, for `redis_url` and for module-scoped fleets."""
     db = next(_next_db, None)
     if db is None:
-        pytest.fail("all 63 databases of the private redis-server are taken; raise `databases`")
+        pytest.fail("all 255 databases of the private redis-server are taken; raise `databases`")
     return f"{redis_server}/{db}"
 
 
@@ -119,6 +126,29 @@ class Fleet:
                 proc.kill()
                 proc.wait(5)
                 print(f"node {name} did not stop on SIGTERM:\n{self.log(name)}")
+
+
+@contextmanager
+def provider_fleet(
+    redis_server: str, workdir: Path, stub: OpenAIStub, name: str, env: dict[str, str] | None = None
+) -> Iterator[Fleet]:
+    """One node (4 task slots) on a database of its own, its model provider the local
+    OpenAI stub."""
+    fleet = Fleet(
+        new_db_url(redis_server),
+        workdir,
+        {"OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "dummy-key", **(env or {})},
+    )
+    try:
+        fleet.start(name, "--concurrency", "4")
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def events_of(client: Client, session_id: str) -> list[Event]:
+    """Every event of the session so far."""
+    return list(client.events(session_id, follow=False))
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 
 Tests point `openai-chat:<model>` at it through `OPENAI_BASE_URL`. Request N of a conversation
 (N = the number of assistant messages it carries) gets scripted response N, so a retried or
-restarted step gets the same answer. Every request is recorded.
+restarted step gets the same answer. `failures` are answered first, one per request, whatever
+the conversation (a provider rate-limiting twice, then answering). Every request is recorded.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -41,6 +42,10 @@ class ErrorReply:
 
     status: int
     message: str
+    headers: dict[str, str] = field(default_factory=dict)
+    """Extra response headers, such as Retry-After."""
+    code: str | None = None
+    """OpenAI's machine-readable error code, such as `insufficient_quota`."""
 
 
 StubResponse = Text | CodeCall | ErrorReply
@@ -59,9 +64,17 @@ class RecordedRequest:
 class OpenAIStub:
     """The server; use as a context manager, or `start()` and `stop()`."""
 
-    def __init__(self, responses: Sequence[StubResponse], model: str = "stub") -> None:
+    def __init__(
+        self,
+        responses: Sequence[StubResponse],
+        model: str = "stub",
+        failures: Sequence[ErrorReply] = (),
+    ) -> None:
         self.responses = list(responses)
         self.model = model
+        """The model name the stub reports in its chunks (priced by that name)."""
+        self.failures = list(failures)
+        """Errors for the next requests, one each, before any scripted response."""
         self.requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -90,9 +103,11 @@ class OpenAIStub:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _record(self, request: RecordedRequest) -> None:
+    def _record(self, request: RecordedRequest) -> ErrorReply | None:
+        """Record a request; the failure it gets, if any are left."""
         with self._lock:
             self.requests.append(request)
+            return self.failures.pop(0) if self.failures else None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -102,22 +117,29 @@ class _Handler(BaseHTTPRequestHandler):
         stub: OpenAIStub = self.server.stub  # type: ignore[attr-defined]
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
-        stub._record(
+        failure = stub._record(
             RecordedRequest(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
         )
+        if failure is not None:
+            return self._error(failure)
         if self.path.rstrip("/") != "/v1/chat/completions":
-            return self._error(404, f"no route {self.path}; the stub serves /v1/chat/completions")
+            return self._error(
+                ErrorReply(404, f"no route {self.path}; the stub serves /v1/chat/completions")
+            )
         if not body.get("stream"):
-            return self._error(400, "the stub only answers streamed requests")
+            return self._error(ErrorReply(400, "the stub only answers streamed requests"))
         messages = body.get("messages", [])
         position = sum(1 for message in messages if message.get("role") == "assistant")
         if position >= len(stub.responses):
             return self._error(
-                400, f"stub script has {len(stub.responses)} responses, asked for {position + 1}"
+                ErrorReply(
+                    400,
+                    f"stub script has {len(stub.responses)} responses, asked for {position + 1}",
+                )
             )
         response = stub.responses[position]
         if isinstance(response, ErrorReply):
-            return self._error(response.status, response.message)
+            return self._error(response)
 
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -154,13 +176,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
         self.wfile.flush()
 
-    def _error(self, status: int, message: str) -> None:
-        data = json.dumps(
-            {"error": {"message": message, "type": "invalid_request_error", "code": None}}
-        ).encode()
-        self.send_response(status)
+    def _error(self, reply: ErrorReply) -> None:
+        error = {"message": reply.message, "type": "invalid_request_error", "code": reply.code}
+        data = json.dumps({"error": error}).encode()
+        self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 

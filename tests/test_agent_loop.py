@@ -10,7 +10,7 @@ import pytest
 
 from actfleet.broker import events as ev
 from actfleet.client import Client
-from tests.conftest import wait_for, write_replay
+from tests.conftest import events_of, provider_fleet, wait_for, write_replay
 from tests.openai_stub import ErrorReply, OpenAIStub, Text
 
 
@@ -23,27 +23,13 @@ def stub():
 
 @pytest.fixture(scope="module")
 def fleet(redis_server: str, tmp_path_factory: pytest.TempPathFactory, stub: OpenAIStub):
-    from tests.conftest import Fleet, new_db_url
-
-    fleet = Fleet(
-        new_db_url(redis_server),
-        tmp_path_factory.mktemp("fleet"),
-        {"OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "dummy-key"},
-    )
-    try:
-        fleet.start("l1", "--concurrency", "4")
+    with provider_fleet(redis_server, tmp_path_factory.mktemp("fleet"), stub, "l1") as fleet:
         yield fleet
-    finally:
-        fleet.stop()
 
 
 @pytest.fixture
 def client(fleet) -> Client:
     return Client(fleet.redis_url)
-
-
-def events_of(client: Client, session_id: str) -> list[ev.Event]:
-    return list(client.events(session_id, follow=False))
 
 
 def rules_file(tmp_path: Path, text: str) -> str:

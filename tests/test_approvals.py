@@ -249,6 +249,14 @@ def test_parked_turns_hold_no_worker_slot(redis_url: str, fleet_factory, tmp_pat
     assert client.wait(free, timeout=60).response == "free"
     assert all(client.result(h.turn_id) is None for h in parked)
     assert len(client.pending()) == 10
+    # 11 agents on 8 kernels: parked agents whose kernel ran nothing made room, and lose
+    # nothing: once approved, none is told its kernel restarted.
+    for request in client.pending():
+        client.approve(request.id, args_sha256=request.args_sha256)
+    for handle in parked:
+        assert client.wait(handle, timeout=60).response == "x"
+        events = client.events(handle.session_id, follow=False)
+        assert not [e for e in events if isinstance(e, ev.KernelRestarted)]
 
 
 def test_parked_turn_resumes_on_another_node_after_its_node_died(

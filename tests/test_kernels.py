@@ -129,12 +129,46 @@ def test_large_output_is_previewed_kept_in_full_and_does_not_break_the_kernel(
             assert huge.full_text is not None and len(huge.full_text) == 10_000_000
             assert (await kernel.execute("print('still here')")).text == "still here\n"
 
-            small = await kernel.execute(
-                f"from IPython.display import Image, display\n"
-                f"display(Image(data={PNG!r}))\nprint('done')"
+    run(test)
+
+
+SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"><rect width="4"/></svg>'
+
+
+def test_displayed_images_are_saved_in_the_working_directory_and_named_to_the_model(
+    tmp_path: Path,
+) -> None:
+    async def test() -> None:
+        async with kernels(tmp_path) as (kernel,):
+            result = await kernel.execute(
+                "from IPython.display import SVG, Image, display\n"
+                f"display(Image(data={PNG!r}))\ndisplay(SVG({SVG!r}))\n"
+                "display({'image/png': 'not base64!'}, raw=True)\n"
+                "display({'image/jpeg': 'iVBORw0KGgo='}, raw=True)\nprint('done')"
             )
-            assert (small.status, small.text, small.images) == ("ok", "done\n", (PNG,))
-            assert (small.truncated, small.full_text) == (False, None)
+            assert result.status == "ok"
+            png, svg = result.images
+            assert (png.media_type, png.data) == ("image/png", PNG)
+            assert (svg.media_type, svg.data) == ("image/svg+xml", SVG.encode())
+            for image in (png, svg):
+                saved = kernel.working_dir / image.path
+                assert image.path.startswith("images/") and saved.read_bytes() == image.data
+                assert saved.stat().st_uid == kernel.working_dir.stat().st_uid
+                assert f"![image]({kernel.code_dir / image.path})" in result.text
+            assert "image/png: not valid base64" in result.text
+            assert "image/jpeg: not a JPG image" in result.text
+            assert result.text.startswith("done\n")
+
+            # The kernel owns its working directory: an `images` symlink is not followed.
+            outside = tmp_path / "outside"
+            outside.mkdir()
+            await kernel.execute(
+                "import os, shutil\nshutil.rmtree('images')\n"
+                f"os.symlink({str(outside)!r}, 'images')"
+            )
+            hijacked = await kernel.execute(f"display(Image(data={PNG!r}))")
+            assert hijacked.images == () and "An image was not kept" in hijacked.text
+            assert list(outside.iterdir()) == []
 
     run(test)
 
@@ -143,7 +177,10 @@ def test_eight_kernels_requested_at_once_all_come_up(tmp_path: Path) -> None:
     async def test() -> None:
         async with kernels(tmp_path, 8, warm=2, concurrency=2) as all_eight:
             # Each kernel's connection file is its own (pids repeat across PID namespaces).
-            results = [await k.execute("import sys; print(sys.argv[-1])") for k in all_eight]
+            results = [
+                await k.execute("import sys; print(sys.argv[sys.argv.index('-f') + 1])")
+                for k in all_eight
+            ]
             assert [r.status for r in results] == ["ok"] * 8
             assert len({r.text for r in results}) == 8
 
@@ -281,5 +318,28 @@ def test_kernel_works_without_a_pool(tmp_path: Path) -> None:
         finally:
             await kernel.shutdown()
         assert kernel.closed
+
+    run(test)
+
+
+def test_the_first_shell_command_of_a_fresh_kernel_is_asked_not_lost(tmp_path: Path) -> None:
+    """Found under load: a kernel used the moment it came up sent its first approval
+    request before the node's stdin connection was complete, the kernel dropped it, and the
+    cell hung until its timeout. Each of 12 kernels, used at once, asks and runs."""
+
+    async def test() -> None:
+        asked: list[str] = []
+
+        async def ask(cmd: str) -> bool:
+            asked.append(cmd)
+            return True
+
+        async with KernelPool(0, 2, settings=SETTINGS) as pool:
+            for i in range(12):
+                kernel = await pool.acquire(tmp_path / f"w{i}")
+                result = await kernel.execute("!echo hi", on_shell=ask, timeout=5)
+                assert (result.status, result.text.splitlines()) == ("ok", ["hi"]), i
+                await kernel.shutdown()
+        assert asked == ["echo hi"] * 12
 
     run(test)

@@ -76,6 +76,8 @@ _BY_ANNOTATION: dict[str, st.SearchStrategy[Any]] = {
     "list[str]": st.lists(text, max_size=4),
     "dict[str, Any]": json_objects,
     "dict[str, int]": st.dictionaries(text, int64, max_size=4),
+    "float | None": st.none() | floats,
+    "dict[str, int | float | None]": st.dictionaries(text, st.none() | int64 | floats, max_size=4),
 }
 
 
@@ -103,6 +105,12 @@ def _well_typed(value: Any, annotation: str) -> bool:
         case "dict[str, int]":
             return _well_typed(value, "dict[str, Any]") and all(
                 _well_typed(v, "int") for v in value.values()
+            )
+        case "float | None":
+            return value is None or _well_typed(value, "float")
+        case "dict[str, int | float | None]":
+            return _well_typed(value, "dict[str, Any]") and all(
+                _well_typed(v, "float | None") for v in value.values()
             )
     raise AssertionError(f"no check for {annotation}")
 

@@ -54,10 +54,37 @@ def test_cell_output_and_answers_are_framed():
 
 
 def test_one_request_is_counted_in_the_singular():
-    usage = {"input_tokens": 5, "output_tokens": 2, "requests": 1}
-    assert "· 1 request\n" in rendered(ev.TurnFinished(**ENV, usage=usage))
+    usage = {"input_tokens": 5, "output_tokens": 2, "requests": 1, "cost": 0.5}
+    assert "· 1 request ·" in rendered(ev.TurnFinished(**ENV, usage=usage))
     usage["requests"] = 3
-    assert "· 3 requests\n" in rendered(ev.TurnFinished(**ENV, usage=usage))
+    assert "· 3 requests ·" in rendered(ev.TurnFinished(**ENV, usage=usage))
+
+
+def test_cost_is_shown_in_dollars_and_an_unknown_cost_as_unknown_never_zero():
+    priced = {"input_tokens": 5, "output_tokens": 2, "requests": 1, "cost": 0.0123}
+    unknown = {**priced, "cost": None, "unpriced": 1}
+    partly = {**priced, "requests": 3, "unpriced": 2}
+
+    assert "tokens · 1 request · cost $0.0123\n" in rendered(ev.TurnFinished(**ENV, usage=priced))
+    assert "· cost unknown\n" in rendered(ev.TurnFinished(**ENV, usage=unknown))
+    assert "$0" not in rendered(ev.TurnFinished(**ENV, usage=unknown))
+    assert "cost ≥ $0.0123 (2 steps of unknown price)" in rendered(
+        ev.TurnFinished(**ENV, usage=partly)
+    )
+    failed = ev.TurnFailed(**ENV, error="model 'x' failed: HTTP 401", usage=unknown, attempts=1)
+    assert "✗ turn failed: model 'x' failed: HTTP 401 · 5 in / 2 out" in rendered(failed)
+
+
+def test_a_retry_is_shown_with_its_attempt_delay_and_error_and_attempts_in_the_last_line():
+    retry = ev.ModelRetry(
+        **ENV, attempt=1, max_attempts=5, delay=0.25, error="HTTP 429: slow down", discarded=True
+    )
+    usage = {"input_tokens": 5, "output_tokens": 2, "requests": 1, "cost": None, "unpriced": 1}
+    text = rendered(retry, ev.TurnFinished(**ENV, usage=usage, attempts=2), width=160)
+
+    assert "model request failed (attempt 1 of 5), retrying in 0.2 s: HTTP 429: slow down" in text
+    assert "(what it had streamed is discarded)" in text
+    assert "cost unknown · 2 attempts\n" in text
 
 
 def test_a_long_model_name_is_shown_whole_below_the_turn_rule():

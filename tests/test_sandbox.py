@@ -47,7 +47,8 @@ def run_probes(client: Client, tmp_path: Path, body: str, **submit) -> dict:
 def probes_of(client: Client, session_id: str) -> dict:
     for event in client.events(session_id, follow=False):
         if isinstance(event, ev.CodeExecutionOutput):
-            line = next(x for x in event.text.splitlines() if x.startswith("PROBES "))
+            output = client.output(event.output_ref) if event.truncated else event.text
+            line = next(x for x in output.splitlines() if x.startswith("PROBES "))
             return json.loads(line.removeprefix("PROBES "))
     raise AssertionError(f"session {session_id} ran no cell")
 

@@ -81,6 +81,9 @@ def test_twenty_subagents_with_cap_three_never_exceed_it_and_all_report(fleet, t
     assert len(sub_outputs) == 20 and all(o.agent_id.startswith("sub-") for o in sub_outputs)
     assert all(o.parent_corr_id in calls for o in sub_outputs)
     assert result.usage["requests"] == 2 + 20 * 2
+    # Replayed steps have no price: unknown (None), counted with the children's, never $0.
+    assert (result.usage["cost"], result.usage["unpriced"]) == (None, 2 + 20 * 2)
+    assert client.session_usage(handle.session_id) == result.usage
     assert slots_held(fleet.redis_url) == 0
 
 

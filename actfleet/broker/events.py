@@ -96,7 +96,9 @@ class CodeExecutionOutputChunk(Event):
 @dataclass(frozen=True, kw_only=True)
 class CodeExecutionOutput(Event):
     """A cell's result: `text` is what the model sees; a truncated output is kept in full
-    under `output_ref`; images are refs to PNGs stored in Redis."""
+    under `output_ref`. `images` are the paths of the images the cell displayed, relative to
+    the agent's working directory (`images/<sha256>.<ext>`: png, jpg or svg); each is also
+    kept in Redis under its file name (`Keys.image`) for readers away from the node."""
 
     text: str
     images: list[str] = field(default_factory=list)
@@ -112,6 +114,9 @@ class CodeExecutionOutput(Event):
 class ToolOutput(Event):
     tool_name: str
     content: str
+    truncated: bool = False
+    """`content` is a head...tail preview; the whole result is kept under `output_ref`."""
+    output_ref: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,25 +159,52 @@ class SubagentFinished(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Usage(Event):
-    """Tokens of one model step."""
+    """Tokens and cost of one model step."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     requests: int = 1
+    cost: float | None = None
+    """USD, from the price table; None: the model's price is unknown (never shown as 0)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelRetry(Event):
+    """A model request failed with a transient error (429, 5xx, a timeout, a lost
+    connection) and is made again after `delay` seconds."""
+
+    attempt: int
+    """The attempt that failed (1 for the first) within the model step."""
+    max_attempts: int
+    delay: float
+    error: str
+    """One line, secrets stripped."""
+    discarded: bool = False
+    """The failed attempt had streamed chunks already; they are superseded by the retry's."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TurnFinished(Event):
     reason: str = "completed"
-    """completed, rejected or max_turns."""
+    """completed, rejected, max_turns or budget."""
     response: str = ""
-    usage: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, int | float | None] = field(default_factory=dict)
+    """input_tokens, output_tokens, requests (subagents included), cost (USD of the steps
+    with a known price; None when no step had one) and unpriced (steps whose price is
+    unknown: with any, cost is a lower bound)."""
+    attempts: int = 1
+    """1 + the model requests retried in the turn."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TurnFailed(Event):
     error: str
-    usage: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, int | float | None] = field(default_factory=dict)
+    """As `TurnFinished.usage`."""
+    attempts: int = 1
+    error_kind: str = ""
+    """transient (retries ran out) or permanent (a bad key, an unknown model, a rejected
+    request: retrying would not help)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,8 +261,15 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "list[str]": (list,),
     "dict[str, Any]": (dict,),
     "dict[str, int]": (dict,),
+    "float | None": (int, float, type(None)),
+    "int | float | None": (int, float, type(None)),
+    "dict[str, int | float | None]": (dict,),
 }
-_ITEMS: dict[str, str] = {"list[str]": "str", "dict[str, int]": "int"}
+_ITEMS: dict[str, str] = {
+    "list[str]": "str",
+    "dict[str, int]": "int",
+    "dict[str, int | float | None]": "int | float | None",
+}
 """The declared type of a container field's items (a dict's keys are always `str`)."""
 
 

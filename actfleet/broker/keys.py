@@ -19,7 +19,8 @@ class Keys:
         return f"{self.prefix}:seq:{session_id}"
 
     def session(self, session_id: str) -> str:
-        """Hash: model, options, active turn of the main agent."""
+        """Hash: network, created_at, and the usage totals of the main agent's ended turns
+        (input_tokens, output_tokens, requests, cost, unpriced; subagents included)."""
         return f"{self.prefix}:session:{session_id}"
 
     def sessions(self) -> str:
@@ -61,6 +62,11 @@ class Keys:
     def node(self, name: str) -> str:
         """A node's heartbeat (expires unless renewed)."""
         return f"{self.prefix}:node:{name}"
+
+    def node_info(self, name: str) -> str:
+        """Hash: what a node reports on each beat (capacity, runtimes, kernels, running
+        steps), for monitors; expires with its heartbeat."""
+        return f"{self.prefix}:nodeinfo:{name}"
 
     def nodes(self) -> str:
         """Set of node names that registered and have not been taken over."""
@@ -127,6 +133,47 @@ class Keys:
         """Pub/sub channel: the id of each session as it is cancelled."""
         return f"{self.prefix}:cancels"
 
+    def admission(self) -> str:
+        """Sorted set: first steps of agents waiting for a node with room, scored by
+        priority, then arrival (lowest first)."""
+        return f"{self.prefix}:admission"
+
+    def admit(self) -> str:
+        """Pub/sub channel: an agent waits for room (nodes with room then admit it)."""
+        return f"{self.prefix}:admit"
+
+    def batches(self) -> str:
+        """Sorted set of batch ids by creation time."""
+        return f"{self.prefix}:batches"
+
+    def batches_active(self) -> str:
+        """Set of batches with items queued or active (the nodes' sweep pumps them)."""
+        return f"{self.prefix}:batches:active"
+
+    def batch(self, batch: str) -> str:
+        """Hash: a batch's options, status, counts per result status and usage."""
+        return f"{self.prefix}:batch:{batch}"
+
+    def batch_items(self, batch: str) -> str:
+        """Hash: custom_id -> the item (the turn payload its start submits)."""
+        return f"{self.prefix}:batchitems:{batch}"
+
+    def batch_queue(self, batch: str) -> str:
+        """List of custom_ids not started yet, first to start first."""
+        return f"{self.prefix}:batchq:{batch}"
+
+    def batch_active(self, batch: str) -> str:
+        """Hash: turn id -> custom_id of the items started and not yet reported."""
+        return f"{self.prefix}:batchactive:{batch}"
+
+    def batch_results(self, batch: str) -> str:
+        """Stream: one entry per ended item, in completion order."""
+        return f"{self.prefix}:batchresults:{batch}"
+
+    def batch_done(self, batch: str) -> str:
+        """Hash: custom_id -> result status of the items reported (each reported once)."""
+        return f"{self.prefix}:batchdone:{batch}"
+
     def shared_queue(self) -> str:
         """The Celery queue every node consumes: new agents, orphaned work."""
         return f"{self.prefix}.shared"
@@ -135,9 +182,15 @@ class Keys:
         """The Celery queue only the named node consumes (its agents' steps)."""
         return f"{self.prefix}.node.{name}"
 
-    def image(self, ref: str) -> str:
-        return f"{self.prefix}:image:{ref}"
+    def image(self, name: str) -> str:
+        """An image a cell displayed, by its file name (`<sha256>.<ext>`)."""
+        return f"{self.prefix}:image:{name}"
 
     def dead_letters(self) -> str:
         """List of messages that could not be read (newest first, trimmed), with the reason."""
         return f"{self.prefix}:deadletters"
+
+    def mcp_servers(self) -> str:
+        """Hash: node name -> JSON list of the MCP server names it has configured (written
+        at node start, so a client can refuse a submission naming an unknown server)."""
+        return f"{self.prefix}:mcp_servers"

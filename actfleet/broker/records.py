@@ -156,6 +156,14 @@ class TurnRecord:
     input_tokens: int = 0
     output_tokens: int = 0
     requests: int = 0
+    cost: float = 0.0
+    """USD of the model steps with a known price (subagents included)."""
+    unpriced: int = 0
+    """Model steps whose price is unknown (subagents included)."""
+    attempts: int = 1
+    """1 + the model requests retried in this turn."""
+    error_kind: str = ""
+    """For a failed turn: transient or permanent (see `TurnFailed`)."""
     rounds: int = 0
     """Tool-execution rounds so far (bounded by `max_turns`)."""
     decisions: dict[str, Any] = field(default_factory=dict)
@@ -175,6 +183,10 @@ class TurnRecord:
     parent_call: str = ""
     parent_step: int = 0
     max_subagents: int = 5
+    priority: int = 0
+    """Higher is admitted first when agents wait for room (admission.py)."""
+    batch: str = ""
+    """The batch this turn is an item of ("" none)."""
 
     @property
     def is_subagent(self) -> bool:
@@ -199,11 +211,15 @@ class TurnRecord:
             "node": node,
         }
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, int | float]:
+        """The usage fields as kept in the hash (a known cost of 0 and an unknown one alike
+        are 0.0 in `cost`; `usage_report` tells them apart)."""
         return {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "requests": self.requests,
+            "cost": self.cost,
+            "unpriced": self.unpriced,
         }
 
     @classmethod
@@ -211,6 +227,14 @@ class TurnRecord:
         if not raw:
             raise BadRecord(f"turn {turn_id or '?'} has no record")
         return read_hash(cls, raw, f"turn {turn_id or '?'}")
+
+
+def usage_report(usage: dict[str, int | float]) -> dict[str, int | float | None]:
+    """Usage as events and results report it (`TurnFinished.usage`): `cost` None when no model
+    step had a known price, never 0 for unknown."""
+    requests, unpriced = int(usage.get("requests", 0)), int(usage.get("unpriced", 0))
+    unknown = requests > 0 and unpriced >= requests
+    return {**usage, "cost": None if unknown else float(usage.get("cost", 0.0))}
 
 
 CURRENT_STEP = ("status", "step_no", "step_kind")
@@ -237,11 +261,15 @@ class AgentRecord:
     """How many runtimes the agent has had: above 1, its kernel was restarted."""
     released: str = ""
     """Why its last runtime was released (told to the model with the restart notice)."""
+    kept: int = 0
+    """1 when its last runtime was released losing nothing (its kernel never ran a cell):
+    the next runtime tells the model nothing."""
     parent_agent: str = ""
 
     ACTIVE_TURN: ClassVar[str] = "active_turn"
     EPOCH: ClassVar[str] = "epoch"
     RELEASED: ClassVar[str] = "released"
+    KEPT: ClassVar[str] = "kept"
 
     @classmethod
     def from_hash(cls, raw: dict[Any, Any]) -> AgentRecord:

@@ -43,6 +43,14 @@ class Settings:
     """Send Celery task events from the start (Flower switches them on itself when it runs;
     they cost each step a few ms)."""
     model_timeout: float = 600.0
+    model_retries: int = 4
+    """Retries of a model request that failed with a transient error (429, 5xx, a timeout, a
+    lost connection) within one model step; 0: none."""
+    model_retry_base: float = 1.0
+    """Seconds before the first retry; each next one waits twice as long (with jitter), or
+    as long as the provider's Retry-After says when that is longer."""
+    model_retry_max_delay: float = 60.0
+    """The longest wait before a retry (a longer Retry-After is cut to this)."""
     visibility_timeout: int = 3600
     """Celery/Redis visibility timeout; above the longest step."""
     workdir: str = ""
@@ -70,6 +78,8 @@ class Settings:
     """Bytes a file a kernel writes may reach (0: no limit)."""
     kernel_uid_base: int = 200_000
     """A node running as root runs each kernel as its own uid from here up."""
+    mcp_config: str = ""
+    """Path of the node's MCP servers file (`{"mcpServers": {...}}`; docs/mcp.md)."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

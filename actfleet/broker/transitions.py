@@ -33,7 +33,14 @@ from actfleet.broker.events import (
     encode,
 )
 from actfleet.broker.keys import Keys
-from actfleet.broker.records import ApprovalRecord, StepKind, StepRef, TurnRecord, hash_fields
+from actfleet.broker.records import (
+    ApprovalRecord,
+    StepKind,
+    StepRef,
+    TurnRecord,
+    hash_fields,
+    usage_report,
+)
 from actfleet.broker.scripts import script
 from actfleet.broker.settings import Settings
 from actfleet.broker.stream import stamp
@@ -92,18 +99,7 @@ def submit(
     "network" (refused: the session's kernel network was set otherwise by its first turn).
     `network` ("none" or "" for the nodes' own) is kept by a new session only."""
     s, a, t = turn.session_id, turn.agent_id, turn.turn_id
-    fields = {k: str(v) for k, v in hash_fields(turn).items()}
-    payload = {
-        "turn_id": t,
-        "agent_id": a,
-        "session_id": s,
-        "now": _now(),
-        "maxlen": settings.stream_maxlen,
-        "started": encode(stamp(started)),
-        "first": StepRef.first(s, a, t).encode(),
-        "fields": fields,
-        "network": network,
-    }
+    payload = turn_payload(settings, turn, started, network)
     return Call(
         "submit",
         [
@@ -122,6 +118,24 @@ def submit(
         [_pack(payload)],
         lambda reply: text(reply[0]),
     )
+
+
+def turn_payload(
+    settings: Settings, turn: TurnRecord, started: Event, network: str = ""
+) -> dict[str, Any]:
+    """What submitting a turn writes (lua/submit_turn.lib.lua's `p`)."""
+    s, a, t = turn.session_id, turn.agent_id, turn.turn_id
+    return {
+        "turn_id": t,
+        "agent_id": a,
+        "session_id": s,
+        "now": _now(),
+        "maxlen": settings.stream_maxlen,
+        "started": encode(stamp(started)),
+        "first": StepRef.first(s, a, t).encode(),
+        "fields": {k: str(v) for k, v in hash_fields(turn).items()},
+        "network": network,
+    }
 
 
 # ---- claim ----------------------------------------------------------------------------
@@ -165,13 +179,17 @@ def claim(keys: Keys, ref: StepRef, node: str, boot: str) -> Call[Claim]:
 class Progress:
     """Turn fields a step may update besides its status and current step."""
 
-    usage: dict[str, int] | None = None
+    usage: dict[str, int | float] | None = None
+    """The turn's usage so far (`TurnRecord.usage` fields)."""
     decisions: dict[str, Any] | None = None
     last_text: str | None = None
     rounds: int | None = None
+    attempts: int | None = None
 
     def fields(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.usage or {})
+        if self.attempts is not None:
+            out["attempts"] = self.attempts
         if self.decisions is not None:
             out["decisions"] = json.dumps(self.decisions, sort_keys=True)
         if self.last_text is not None:
@@ -207,7 +225,8 @@ class Park:
 @dataclass(frozen=True)
 class End:
     """The turn ends with one terminal event: finished (with a reason: completed,
-    rejected, max_turns), failed (with an error) or cancelled (with the phase it was in)."""
+    rejected, max_turns, budget), failed (with an error and its kind) or cancelled (with
+    the phase it was in)."""
 
     status: Literal["finished", "failed", "cancelled"]
     reason: str = ""
@@ -216,7 +235,12 @@ class End:
     phase: str = ""
     history: list[bytes] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    usage: dict[str, int] | None = None
+    usage: dict[str, int | float] | None = None
+    """The turn's usage (`TurnRecord.usage` fields); None: as recorded."""
+    error_kind: str = ""
+    """failed: transient or permanent (see `TurnFailed`)."""
+    attempts: int | None = None
+    """None: as recorded."""
 
 
 Outcome = Advance | Park | End
@@ -250,14 +274,17 @@ def commit(
     next_ref = ""
     if isinstance(outcome, End):
         usage = outcome.usage or turn.usage()
+        attempts = outcome.attempts or turn.attempts
         env = turn.envelope(node, t)
-        events.append(_terminal(outcome, env, usage))
+        events.append(_terminal(outcome, env, usage, attempts))
         fields = {
             **usage,
             "status": outcome.status,
             "reason": outcome.reason or outcome.status,
             "response": outcome.response,
             "error": outcome.error,
+            "error_kind": outcome.error_kind,
+            "attempts": attempts,
             "finished_at": time.time(),
         }
         if turn.is_subagent:
@@ -291,6 +318,7 @@ def commit(
         "report": report,
         "turn_prefix": keys.turn(""),
         "turnstart_prefix": keys.turn_started(""),
+        "batch": keys.batch(turn.batch) if turn.batch else "",
     }
     parent = _parent_keys(keys, turn)
     results = keys.step_results(drop_results.id) if drop_results else ""
@@ -328,11 +356,26 @@ def commit(
 _DECISION_FIELDS = ("status", "approver", "reason", "decided_at")
 
 
-def _terminal(outcome: End, env: dict[str, Any], usage: dict[str, int]) -> Event:
+def _terminal(
+    outcome: End, env: dict[str, Any], usage: dict[str, int | float], attempts: int
+) -> Event:
+    report = usage_report(usage)
     if outcome.status == "finished":
-        return TurnFinished(**env, reason=outcome.reason, response=outcome.response, usage=usage)
+        return TurnFinished(
+            **env,
+            reason=outcome.reason,
+            response=outcome.response,
+            usage=report,
+            attempts=attempts,
+        )
     if outcome.status == "failed":
-        return TurnFailed(**env, error=outcome.error, usage=usage)
+        return TurnFailed(
+            **env,
+            error=outcome.error,
+            usage=report,
+            attempts=attempts,
+            error_kind=outcome.error_kind,
+        )
     return Cancelled(**env, phase=outcome.phase)
 
 

@@ -31,14 +31,16 @@ EXIT_TIMEOUT = 2
 EXIT_INPUT = 3
 """Bad input or configuration (the error says what to do)."""
 EXIT_STOPPED = 4
-"""The turn ended without completing: a request was rejected, or --max-turns stopped it."""
+"""The turn ended without completing: a request was rejected, or --max-turns or a budget
+(--max-cost, --max-tokens) stopped it."""
 EXIT_USAGE = 64
 """The command line itself is wrong (EX_USAGE): an unknown command or option, a bad value."""
 EXIT_INTERRUPTED = 130
 
 EXIT_CODES = (
     "Exit codes: 0 completed; 1 failed or cancelled; 2 timeout (the turn goes on); "
-    "3 bad input (the error says what to do); 4 rejected, or stopped by --max-turns; "
+    "3 bad input (the error says what to do); 4 rejected, or stopped by --max-turns or a "
+    "budget (--max-cost, --max-tokens); "
     "64 usage error; 130 interrupted by Ctrl-C (the turn goes on)."
 )
 
@@ -155,12 +157,36 @@ MaxSubagents = Annotated[
 MaxTurns = Annotated[
     int | None, typer.Option(min=1, help="Tool-execution rounds before the turn ends.")
 ]
+MaxCost = Annotated[
+    float | None,
+    typer.Option(
+        min=0,
+        help="Budget in USD: no model step starts once the turn's priced steps cost this "
+        "(steps of a model with no known price count 0). The turn ends with reason budget.",
+    ),
+]
+MaxTokens = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Budget in tokens (input + output, subagents included): no model step starts "
+        "once the turn used this many. The turn ends with reason budget.",
+    ),
+]
 Network = Annotated[
     str | None,
     typer.Option(
         help="none: a new session's kernels get no network, whatever the nodes allow.",
     ),
 ]
+Tools = Annotated[
+    str | None,
+    typer.Option(
+        "--tools",
+        help="MCP servers (configured on the workers) whose tools this turn may use: NAME,...",
+    ),
+]
+Limit = Annotated[int, typer.Option("--limit", "-n", min=1, help="How many, newest first.")]
 RedisUrl = Annotated[
     str | None,
     typer.Option(
@@ -227,7 +253,10 @@ def run(
     approval_timeout: ApprovalTimeout = None,
     max_subagents: MaxSubagents = None,
     max_turns: MaxTurns = None,
+    max_cost: MaxCost = None,
+    max_tokens: MaxTokens = None,
     network: Network = None,
+    tools: Tools = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Submit a turn and stream the session's events until it ends.
@@ -251,7 +280,8 @@ def run(
             session_id=session,
             approval=approve,
             network=network,
-            **_options(approval_timeout, max_subagents, max_turns),
+            tools=_tool_names(tools),
+            **_options(approval_timeout, max_subagents, max_turns, max_cost, max_tokens),
         )
     except (ValueError, RedisUnavailable) as exc:
         raise _fail(str(exc)) from None
@@ -459,7 +489,10 @@ def submit(
     approval_timeout: ApprovalTimeout = None,
     max_subagents: MaxSubagents = None,
     max_turns: MaxTurns = None,
+    max_cost: MaxCost = None,
+    max_tokens: MaxTokens = None,
     network: Network = None,
+    tools: Tools = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Submit a turn and print its session id at once (follow it with actfleet watch)."""
@@ -475,7 +508,8 @@ def submit(
             session_id=session,
             approval=approve,
             network=network,
-            **_options(approval_timeout, max_subagents, max_turns),
+            tools=_tool_names(tools),
+            **_options(approval_timeout, max_subagents, max_turns, max_cost, max_tokens),
         )
     except (ValueError, RedisUnavailable) as exc:
         raise _fail(str(exc)) from None
@@ -564,13 +598,24 @@ REQUEST_KINDS = ("code", "shell", "tool", "subagent")
 """The kinds of approval requests."""
 
 
+def _tool_names(tools: str | None) -> list[str]:
+    """`--tools a,b` as a list of server names."""
+    return [name.strip() for name in (tools or "").split(",") if name.strip()]
+
+
 def _options(
-    approval_timeout: float | None, max_subagents: int | None, max_turns: int | None
+    approval_timeout: float | None,
+    max_subagents: int | None,
+    max_turns: int | None,
+    max_cost: float | None = None,
+    max_tokens: int | None = None,
 ) -> dict[str, float | int]:
     given = {
         "approval_timeout": approval_timeout,
         "max_subagents": max_subagents,
         "max_turns": max_turns,
+        "max_cost": max_cost,
+        "max_tokens": max_tokens,
     }
     return {k: v for k, v in given.items() if v is not None}
 
@@ -639,11 +684,15 @@ def approvals(
 def approve(
     request_id: Annotated[str | None, typer.Argument(help="The request to approve.")] = None,
     all_: Annotated[
-        bool, typer.Option("--all", help="Every pending request of --session.")
+        bool, typer.Option("--all", help="Every pending request of --session or --batch.")
     ] = False,
     session: Annotated[
         str | None,
         typer.Option("--session", "-s", help="With --all: the session whose requests to approve."),
+    ] = None,
+    batch: Annotated[
+        str | None,
+        typer.Option("--batch", "-b", help="With --all: the batch whose requests to approve."),
     ] = None,
     kind: Annotated[
         str | None,
@@ -652,13 +701,14 @@ def approve(
     approver: As = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Approve a request (shows what is approved and sends its hash), or --all of a session."""
+    """Approve a request (shows what is approved and sends its hash), or --all of a session
+    or a batch."""
     if kind is not None and kind not in REQUEST_KINDS:
         raise typer.BadParameter(
             f"{kind!r} is not a request kind; use one of {', '.join(REQUEST_KINDS)}",
             param_hint="--kind",
         )
-    _decide(redis_url, request_id, all_, session, kind, approver, reject_reason=None)
+    _decide(redis_url, request_id, all_, session, kind, approver, reject_reason=None, batch=batch)
 
 
 @app.command()
@@ -680,6 +730,7 @@ def _decide(
     kind: str | None,
     approver: str | None,
     reject_reason: str | None,
+    batch: str | None = None,
 ) -> None:
     from actfleet.broker.approvals import DecisionRefused
     from actfleet.client.approval_prompt import show
@@ -688,14 +739,20 @@ def _decide(
     console = Renderer().console
     try:
         if all_:
-            if not session or request_id:
-                raise _fail("--all needs --session S and no request id")
-            _existing(client, session)
-            records = [r for r in client.pending(session) if kind in (None, r.kind)]
+            if bool(session) == bool(batch) or request_id:
+                raise _fail("--all needs one of --session S or --batch B, and no request id")
+            if session:
+                _existing(client, session)
+            else:
+                client.batch(batch)  # type: ignore[arg-type]
+            records = [r for r in client.pending(session, batch=batch) if kind in (None, r.kind)]
         elif request_id:
             records = [client.request(request_id)]
         else:
-            raise _fail("name a request id (see actfleet approvals), or use --all --session S")
+            raise _fail(
+                "name a request id (see actfleet approvals), or use --all --session S "
+                "(or --all --batch B)"
+            )
         failed = False
         for record in records:
             show(console, record)
@@ -716,7 +773,7 @@ def _decide(
                 failed = True
         if all_ and not records:
             console.print("[dim]no pending requests[/]")
-    except DecisionRefused as exc:
+    except (DecisionRefused, LookupError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if failed:
         raise typer.Exit(EXIT_INPUT)
@@ -746,9 +803,7 @@ def _local_time(ts: float) -> str:
 
 @app.command()
 def sessions(
-    limit: Annotated[
-        int, typer.Option("--limit", "-n", min=1, help="How many, most recent first.")
-    ] = 20,
+    limit: Limit = 20,
     json_out: Json = False,
     redis_url: RedisUrl = None,
 ) -> None:
@@ -762,9 +817,7 @@ def sessions(
 
 @app.command("dead-letters")
 def dead_letters(
-    limit: Annotated[
-        int, typer.Option("--limit", "-n", min=1, help="How many, newest first.")
-    ] = 20,
+    limit: Limit = 20,
     json_out: Json = False,
     redis_url: RedisUrl = None,
 ) -> None:

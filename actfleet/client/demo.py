@@ -3,7 +3,8 @@
 Starts a private redis-server with a password on a free port (or uses the Redis given by
 --redis-url or ACTFLEET_REDIS_URL); starts two worker nodes with sandboxed kernels; submits
 the bundled example prompts (replayed model responses, so no provider key is needed) as one
-batch; shows every event live; prints a table.
+batch; shows every event live; prints a table. The nodes offer the example MCP server
+(`examples/mcp/units.py`, configured by `examples/mcp/mcp.json`) to the examples that name it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class Example:
     title: str
     replay: Path
     prompts: list[str]
+    tools: list[str] = field(default_factory=list)
+    """The MCP servers the example's turns may use."""
     session_id: str = ""
     nodes: set[str] = field(default_factory=set)
     results: list[ev.Event] = field(default_factory=list)
@@ -87,6 +90,7 @@ def _nodes(url: str, workdir: Path, console: Console) -> Iterator[None]:
         "ACTFLEET_REDIS_URL": url,
         "ACTFLEET_WORKDIR": str(workdir),
         "ACTFLEET_WARM_KERNELS": "2",
+        "ACTFLEET_MCP_CONFIG": str(example_mcp_config(workdir)),
     }
     procs = {}
     r = redis.Redis.from_url(url)
@@ -135,6 +139,18 @@ def _nodes(url: str, workdir: Path, console: Console) -> Iterator[None]:
         console.print("[dim]nodes stopped[/]")
 
 
+def example_mcp_config(workdir: Path) -> Path:
+    """The example `mcpServers` file, its `python` commands made this interpreter's (the
+    one actfleet and `mcp` are installed in, which `python` on PATH need not be)."""
+    config = json.loads((files("actfleet") / "examples" / "mcp" / "mcp.json").read_text())
+    for server in config["mcpServers"].values():
+        if server.get("command") == "python":
+            server["command"] = sys.executable
+    path = workdir / "mcp.json"
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
 def _until(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -147,7 +163,12 @@ def _load_examples() -> list[Example]:
     root = files("actfleet") / "examples"
     manifest = json.loads((root / "demo.json").read_text())
     return [
-        Example(item["title"], Path(str(root / item["replay"])), list(item["prompts"]))
+        Example(
+            item["title"],
+            Path(str(root / item["replay"])),
+            list(item["prompts"]),
+            list(item.get("tools", [])),
+        )
         for item in manifest
     ]
 
@@ -160,7 +181,10 @@ def _run_examples(client: Client, workdir: Path, console: Console) -> int:
     for example in examples:
         example.submitted = time.time()
         handle = client.submit(
-            example.prompts[0], model=f"replay:{example.replay}", approval="auto"
+            example.prompts[0],
+            model=f"replay:{example.replay}",
+            approval="auto",
+            tools=example.tools,
         )
         example.session_id = handle.session_id
         for prompt in example.prompts[1:]:
@@ -169,6 +193,7 @@ def _run_examples(client: Client, workdir: Path, console: Console) -> int:
                 model=f"replay:{example.replay}",
                 session_id=handle.session_id,
                 approval="auto",
+                tools=example.tools,
             )
     for example in examples:
         console.rule(f"[bold cyan]{example.title}[/] · session {example.session_id}")
@@ -183,7 +208,32 @@ def _run_examples(client: Client, workdir: Path, console: Console) -> int:
                 example.results.append(event)
                 if len(example.results) == len(example.prompts):
                     break
-    return _summary(examples, console)
+    failed = _summary(examples, console)
+    return max(failed, _run_batch(client, workdir, console))
+
+
+def _run_batch(client: Client, workdir: Path, console: Console) -> int:
+    """The bundled batch: 50 items, each its own session, followed with a progress bar;
+    results appended to a JSONL file as they finish."""
+    from actfleet.client.batch_cli import follow
+
+    items = Path(str(files("actfleet") / "examples" / "batch" / "items.jsonl"))
+    console.rule("[bold cyan]A batch[/] · 50 items, at most 8 at once")
+    batch = client.submit_batch(items, model="test", name=f"demo-{int(time.time())}", concurrency=8)
+    out = workdir / "results.jsonl"
+    follow(batch, out, bar=True)
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="first results", title_style="bold")
+    for column in ("custom_id", "status", "response"):
+        table.add_column(column, no_wrap=column != "response")
+    for result in results[:5]:
+        table.add_row(result["custom_id"], result["status"], result["response"])
+    console.print(table)
+    console.print(
+        f"{len(results)} results, one JSON line per item: [bold]actfleet batch run FILE -m "
+        "MODEL -o OUT.jsonl[/] writes them to a file (README, section Batches)."
+    )
+    return 0 if {r["status"] for r in results} == {"completed"} else 1
 
 
 def _summary(examples: list[Example], console: Console) -> int:

@@ -19,6 +19,7 @@ from actfleet.broker import events as ev
 STOPPED = {
     "rejected": "a request was rejected (rejected)",
     "max_turns": "stopped by its --max-turns limit (max_turns)",
+    "budget": "stopped by its budget, --max-cost or --max-tokens (budget)",
 }
 """What a TurnFinished `reason` other than completed means, for a person."""
 
@@ -72,6 +73,28 @@ def tail_lines(tail: str) -> list[str]:
     if starts and starts[-1] < start:
         start = starts[-1]
     return lines[start:]
+
+
+def usage_text(usage: dict[str, Any], attempts: int = 1) -> str:
+    """A turn's usage for a person: tokens, requests, cost ("cost unknown" when no step had
+    a known price, never $0), and the attempts when requests were retried."""
+    used = (
+        f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out "
+        f"tokens · {plural(usage.get('requests', 0), 'request')} · {cost_text(usage)}"
+    )
+    return used + (f" · {attempts} attempts" if attempts > 1 else "")
+
+
+def cost_text(usage: dict[str, Any]) -> str:
+    """`cost $0.0123`; `cost unknown`; or, with some steps unpriced, the known part as a
+    lower bound."""
+    cost, unpriced = usage.get("cost"), usage.get("unpriced") or 0
+    if not isinstance(cost, int | float):
+        return "cost unknown"
+    shown = f"${cost:.4f}" if cost == 0 or cost >= 0.001 else f"${cost:.6f}"
+    if unpriced:
+        return f"cost ≥ {shown} ({plural(unpriced, 'step')} of unknown price)"
+    return f"cost {shown}"
 
 
 def _key(event: ev.Event, kind: str) -> str:
@@ -179,19 +202,24 @@ class Renderer:
                 c.print(Text(line, style="magenta"))
             case ev.Usage():
                 pass
-            case ev.TurnFinished():
-                u = event.usage
-                used = (
-                    f"{u.get('input_tokens', 0)} in / {u.get('output_tokens', 0)} out "
-                    f"tokens · {plural(u.get('requests', 0), 'request')}"
+            case ev.ModelRetry():
+                line = (
+                    f"{who}model request failed (attempt {event.attempt} of "
+                    f"{event.max_attempts}), retrying in {event.delay:.1f} s: {event.error}"
                 )
+                if event.discarded:
+                    line += " (what it had streamed is discarded)"
+                c.print(Text(line, style="yellow"))
+            case ev.TurnFinished():
+                used = usage_text(event.usage, event.attempts)
                 if event.reason == "completed":
                     c.print(Text(f"{who}✓ turn completed · {used}", style="green"))
                 else:
                     why = STOPPED.get(event.reason, event.reason)
                     c.print(Text(f"{who}✗ turn not completed: {why} · {used}", style="bold yellow"))
             case ev.TurnFailed():
-                c.print(Text(f"{who}✗ turn failed: {event.error}", style="bold red"))
+                used = usage_text(event.usage, event.attempts)
+                c.print(Text(f"{who}✗ turn failed: {event.error} · {used}", style="bold red"))
             case ev.Cancelled():
                 c.print(Text(f"{who}cancelled ({event.phase})", style="yellow"))
             case _:

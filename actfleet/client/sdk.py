@@ -11,7 +11,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,19 +20,28 @@ import redis
 
 from actfleet.broker import transitions
 from actfleet.broker.approvals import DecisionRefused, refusal
+from actfleet.broker.batches import BatchOptions, BatchRecord
 from actfleet.broker.connection import async_redis, sync_redis
 from actfleet.broker.events import TERMINAL, Event, TurnStarted, Unreadable
 from actfleet.broker.ids import check_id
 from actfleet.broker.keys import Keys
 from actfleet.broker.model_names import check_model_name
 from actfleet.broker.policy import Policy, load_policy
-from actfleet.broker.records import ENDED, ApprovalRecord, BadRecord, StepRef, TurnRecord
+from actfleet.broker.records import (
+    ENDED,
+    ApprovalRecord,
+    BadRecord,
+    StepRef,
+    TurnRecord,
+    usage_report,
+)
 from actfleet.broker.replay import load_replay
 from actfleet.broker.settings import Settings
 from actfleet.broker.stream import aread_events, read_events
 from actfleet.broker.transitions import route, text
 
 if TYPE_CHECKING:
+    from actfleet.client.batch import Batch
     from actfleet.client.export import ExportResult
 
 AGENT_OPTIONS = {
@@ -40,8 +49,12 @@ AGENT_OPTIONS = {
     "approval_timeout": float,
     "max_turns": int,
     "max_subagents": int,
+    "max_cost": float,
+    "max_tokens": int,
 }
-"""Options a submission may set for its agent, with their types."""
+"""Options a submission may set for its agent, with their types. `max_cost` (USD) and
+`max_tokens` are the turn's budgets: once reached, no model step starts and the turn ends
+as finished with reason `budget`."""
 
 
 class RedisUnavailable(ConnectionError):
@@ -85,7 +98,14 @@ class TurnResult:
     response: str = ""
     reason: str = ""
     error: str = ""
-    usage: dict[str, int] = field(default_factory=dict)
+    """Why it failed; for a turn ended by its budget, which budget."""
+    usage: dict[str, int | float | None] = field(default_factory=dict)
+    """input_tokens, output_tokens, requests, cost (USD; None: unknown), unpriced (steps
+    whose price is unknown), subagents included."""
+    attempts: int = 1
+    """1 + the model requests retried after transient errors."""
+    error_kind: str = ""
+    """For a failed turn: transient (retries ran out) or permanent."""
 
 
 class Client:
@@ -133,12 +153,19 @@ class Client:
         session_id: str | None = None,
         approval: str | Policy = "ask",
         network: str | None = None,
+        tools: list[str] | tuple[str, ...] = (),
+        priority: int = 0,
         **agent_options: Any,
     ) -> Handle:
         """Enqueue one turn of the session's main agent (a new session unless `session_id`).
         `approval` is `auto`, `ask` (the default), a rules file's path or a `Policy`.
         `network="none"` cuts a new session's kernels (its subagents' too) off the network,
-        whatever the nodes allow. Everything is checked before anything is written."""
+        whatever the nodes allow. `tools` names MCP servers configured on the nodes whose
+        tools this turn's agents may use (each turn names its own; none by default). When
+        agents wait for a node with room, a higher `priority` is admitted first. Everything
+        is checked before anything is written."""
+        if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 100:
+            raise ValueError(f"priority={priority!r}: give an integer from -100 to 100")
         if not prompt.strip():
             raise ValueError("the prompt is empty; say what the agent should do")
         if network not in (None, "none"):
@@ -155,6 +182,8 @@ class Client:
             replay, _ = load_replay(Path(model.removeprefix("replay:")))
         options = _check_options(agent_options) | {"approval": policy.to_data()}
         self.ping()
+        if tools:
+            options["tools"] = self._check_tools(tools)
         session_id = session_id or f"s-{uuid.uuid4().hex[:12]}"
         turn_id = f"t-{uuid.uuid4().hex[:12]}"
         now = time.time()
@@ -176,6 +205,7 @@ class Client:
             options=options,
             created_at=now,
             max_subagents=options.get("max_subagents", TurnRecord.max_subagents),
+            priority=priority,
         )
         call = transitions.submit(self.keys, self.settings, turn, started, network or "")
         state = call.run(self.redis)
@@ -187,6 +217,106 @@ class Client:
         if state == "started":
             self._send_step(StepRef.first(session_id, "main", turn_id))
         return Handle(session_id, turn_id)
+
+    def mcp_servers(self) -> list[str]:
+        """The MCP server names the registered nodes have configured (ACTFLEET_MCP_CONFIG),
+        as they published them at start."""
+        published = self.redis.hgetall(self.keys.mcp_servers())
+        registered = {text(n) for n in self.redis.smembers(self.keys.nodes())}
+        names: set[str] = set()
+        for node, raw in published.items():
+            if text(node) not in registered:
+                continue
+            try:
+                listed = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(listed, list):
+                names.update(n for n in listed if isinstance(n, str))
+        return sorted(names)
+
+    def _check_tools(self, tools: list[str] | tuple[str, ...]) -> list[str]:
+        """The named MCP servers, each configured on some node; ValueError naming the
+        unknown ones and the configured ones."""
+        if isinstance(tools, str) or not all(isinstance(t, str) and t for t in tools):
+            raise ValueError(f"tools={tools!r}: give a list of MCP server names")
+        configured = self.mcp_servers()
+        unknown = [t for t in tools if t not in configured]
+        if unknown:
+            have = ", ".join(configured) if configured else "none (no running node has any)"
+            raise ValueError(
+                f"unknown MCP server{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                f"the nodes have configured: {have} (ACTFLEET_MCP_CONFIG on the workers)"
+            )
+        return list(dict.fromkeys(tools))
+
+    def submit_batch(
+        self,
+        items: str | Path | Iterable[Mapping[str, Any]],
+        *,
+        model: str,
+        name: str | None = None,
+        concurrency: int = 32,
+        approval: str = "auto",
+        max_turns: int | None = None,
+        retries: int | None = None,
+        item_timeout: float = 0.0,
+        max_cost: float = 0.0,
+        max_tokens: int = 0,
+        item_max_cost: float | None = None,
+        item_max_tokens: int | None = None,
+        priority: int = 0,
+        tools: list[str] | tuple[str, ...] = (),
+        **agent_options: Any,
+    ) -> Batch:
+        """Submit a batch: `items` is a JSONL file (one item per line: `custom_id`,
+        `prompt`, optionally `model`, `approval`, `max_turns`, `session_id`, `metadata`) or
+        the items as mappings. Every item is checked before anything is written
+        (BatchFileError naming the line and field). The same name (default: the file's
+        stem) is the same batch: submitting again adds only the missing items. At most
+        `concurrency` items run at once; `max_cost` (USD) and `max_tokens` budget the whole
+        batch, `item_max_cost` and `item_max_tokens` each item (it ends `budget`);
+        `item_timeout` (seconds, 0 none) cancels an item running longer; `tools` names the
+        MCP servers its items' agents may use."""
+        item_budgets = {"max_cost": item_max_cost, "max_tokens": item_max_tokens}
+        agent_options |= {k: v for k, v in item_budgets.items() if v is not None}
+        from actfleet.client import batch
+
+        if concurrency < 1:
+            raise ValueError(f"concurrency={concurrency}: give at least 1")
+        if min(item_timeout, max_cost, max_tokens) < 0:
+            raise ValueError("item_timeout, max_cost and max_tokens cannot be negative")
+        options = BatchOptions(
+            model=model,
+            concurrency=concurrency,
+            approval=approval,
+            max_turns=max_turns,
+            retries=retries,
+            item_timeout=item_timeout,
+            max_cost=max_cost,
+            max_tokens=max_tokens,
+            priority=priority,
+            agent_options=_check_options(agent_options)
+            | ({"tools": self._check_tools(tools)} if tools else {}),
+        )
+        return batch.submit(self, items, options, name)
+
+    def batch(self, batch_id: str) -> Batch:
+        """A submitted batch by id (`b-<name>`); UnknownBatch when there is none."""
+        from actfleet.client.batch import Batch
+
+        handle = Batch(self, check_id(batch_id, "batch id"))
+        handle.record()
+        return handle
+
+    def batches(self, limit: int = 20) -> list[BatchRecord]:
+        """The most recently created batches, newest first."""
+        ids = [text(b) for b in self.redis.zrevrange(self.keys.batches(), 0, limit - 1)]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for batch_id in ids:
+                pipe.hgetall(self.keys.batch(batch_id))
+            raws = pipe.execute()
+        return [BatchRecord.from_hash(b, raw) for b, raw in zip(ids, raws, strict=True) if raw]
 
     def _send_step(self, ref: StepRef) -> None:
         """Send a step a transition made current (recorded in the dispatch set first, so a
@@ -267,8 +397,21 @@ class Client:
             response=turn.response,
             reason=turn.reason,
             error=turn.error,
-            usage=turn.usage(),
+            usage=usage_report(turn.usage()),
+            attempts=turn.attempts,
+            error_kind=turn.error_kind,
         )
+
+    def session_usage(self, session_id: str) -> dict[str, int | float | None]:
+        """The usage of the session's ended turns (main agent's, subagents included), as
+        `TurnResult.usage` gives a turn's."""
+        check_id(session_id, "session id")
+        raw = self.redis.hgetall(self.keys.session(session_id))
+        fields = {text(k): text(v) for k, v in raw.items()}
+        names = ("input_tokens", "output_tokens", "requests", "unpriced")
+        usage: dict[str, int | float] = {k: int(fields.get(k) or 0) for k in names}
+        usage["cost"] = float(fields.get("cost") or 0.0)
+        return usage_report(usage)
 
     def wait(self, handle: Handle, timeout: float | None = None) -> TurnResult:
         """Block until the turn ends; TimeoutError after `timeout` seconds."""
@@ -290,10 +433,12 @@ class Client:
         self,
         session_id: str | None = None,
         *,
+        batch: str | None = None,
         on_unreadable: Callable[[str, str], None] | None = None,
     ) -> list[ApprovalRecord]:
-        """Requests waiting for a decision, oldest first (all sessions, or one). A request
-        whose record cannot be read is skipped (`on_unreadable(id, why)` is told)."""
+        """Requests waiting for a decision, oldest first (all sessions, one, or the items
+        of one batch). A request whose record cannot be read is skipped (`on_unreadable(id,
+        why)` is told)."""
         if session_id is not None:
             check_id(session_id, "session id")
         ids = [text(i) for i in self.redis.zrange(self.keys.approvals(session_id or ""), 0, -1)]
@@ -308,7 +453,14 @@ class Client:
             except BadRecord as exc:
                 if on_unreadable is not None:
                     on_unreadable(request_id, str(exc))
-        return [r for r in records if r.status == "pending"]
+        records = [r for r in records if r.status == "pending"]
+        if batch is not None:
+            with self.redis.pipeline(transaction=False) as pipe:
+                for record in records:
+                    pipe.hget(self.keys.turn(record.turn_id), "batch")
+                batches = [text(b or b"") for b in pipe.execute()]
+            records = [r for r, b in zip(records, batches, strict=True) if b == batch]
+        return records
 
     def request(self, request_id: str) -> ApprovalRecord:
         """One request, pending or decided; DecisionRefused when there is no such id or its

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,11 +57,18 @@ def refused_event(envelope: dict[str, Any], subject: str, rule: str) -> Approval
 
 class Approvals:
     """Per node: requests opened by running cells, waiting for their decisions, and
-    closing requests no human decides. `on_cancel` is told each cancelled session."""
+    closing requests no human decides. `on_cancel` is told each cancelled session;
+    `on_admit` each time an agent waits for room (the listener serves that channel too)."""
 
-    def __init__(self, ctx: NodeContext, on_cancel: Callable[[str], None]):
+    def __init__(
+        self,
+        ctx: NodeContext,
+        on_cancel: Callable[[str], None],
+        on_admit: Callable[[], Awaitable[None]],
+    ):
         self.ctx = ctx
         self._on_cancel = on_cancel
+        self._on_admit = on_admit
         self._wakers: dict[str, asyncio.Event] = {}
         self._listener: asyncio.Task[None] | None = None
 
@@ -75,13 +82,14 @@ class Approvals:
                 await self._listener
 
     async def _listen(self) -> None:
-        """Decisions wake the cells waiting on them; cancels stop the session's steps. A
-        lost connection is re-subscribed; a junk message is skipped."""
+        """Decisions wake the cells waiting on them; cancels stop the session's steps; an
+        agent waiting for room is admitted if this node has some. A lost connection is
+        re-subscribed; a junk message is skipped."""
         keys = self.ctx.keys
         while True:
             pubsub = self.ctx.redis.pubsub()
             try:
-                await pubsub.subscribe(keys.decided(), keys.cancels())
+                await pubsub.subscribe(keys.decided(), keys.cancels(), keys.admit())
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         await self._heard(text(message["channel"]), message["data"])
@@ -99,6 +107,9 @@ class Approvals:
         acted on once the session's cancel key confirms it; a decision wakes the cell
         waiting on that request, which reads the record. Junk is dead-lettered."""
         ctx = self.ctx
+        if channel == ctx.keys.admit():  # a wake-up: what it carries is not read
+            await self._on_admit()
+            return
         name = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
         if not is_valid_id(name):
             reason = f"not a valid id on the {channel} channel"
@@ -213,14 +224,15 @@ class ShellGate:
 
 
 def apply_policy(
-    turn: TurnRecord, calls: list[ToolCallPart], execution: StepRef
+    turn: TurnRecord, calls: list[ToolCallPart], execution: StepRef, mcp_tools: Sequence[str] = ()
 ) -> tuple[dict[str, dict[str, str]], list[ApprovalRecord]]:
     """Each call's verdict under the turn's policy, and the requests to open for those that
     need a human (each resumes `execution`). A deny anywhere opens none: the turn ends
     rejected. A call of a tool the agent was not offered asks nobody: it runs nothing and
-    its result is an error naming the tools (as freeact answers it)."""
+    its result is an error naming the tools (as freeact answers it). `mcp_tools` are the
+    MCP tools offered besides the agent's own (kind `tool`)."""
     policy = policy_of(turn.options)
-    offered = tool_names(turn.is_subagent)
+    offered = [*tool_names(turn.is_subagent), *mcp_tools]
     decisions: dict[str, dict[str, str]] = {}
     requests: list[ApprovalRecord] = []
     for call in calls:

@@ -16,6 +16,7 @@ from actfleet.broker.records import StepRef
 from actfleet.broker.settings import Settings
 from actfleet.broker.stream import ChunkCoalescer, emit
 from actfleet.broker.transitions import route
+from actfleet.workers.mcp_servers import McpServers
 
 log = logging.getLogger("actfleet.node")
 
@@ -29,6 +30,8 @@ class NodeContext:
     """The node's asyncio Redis client (retrying, see broker/connection.py)."""
     publish: Callable[[StepRef, str], None]
     """Puts a step's message on a queue (Celery)."""
+    mcp: McpServers = field(default_factory=McpServers)
+    """The node's configured MCP servers (mcp_servers.py)."""
     keys: Keys = field(init=False)
 
     def __post_init__(self) -> None:

@@ -5,6 +5,7 @@ was running when its node died is reported as interrupted, never run twice."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -29,6 +30,14 @@ from actfleet.workers.kernel import Kernel, KernelStartError
 from actfleet.workers.models import CODE_TOOL, RESET_TOOL, SUBAGENT_TOOL, dump_message, tool_names
 from actfleet.workers.outcome import history_of, tool_calls
 from actfleet.workers.runtimes import Runtime
+from actfleet.workers.tool_calls import (
+    CodeToolGate,
+    is_mcp_call,
+    run_json_calls,
+    selected_servers,
+    write_tool_modules,
+)
+from actfleet.workers.tool_calls import tool_names as mcp_tool_names
 
 KernelOf = Callable[[Runtime], Awaitable[Kernel]]
 
@@ -67,6 +76,10 @@ async def execution_step(
     returns: list[ToolReturnPart] = []
     children = 0
     rejected = bool(refused)
+    mcp_calls = [call for call in calls if is_mcp_call(call, turn)]
+    mcp_outcomes = (
+        {} if rejected else await run_json_calls(ctx, runtime, turn, mcp_calls, results, recorded)
+    )
     for call in calls:
         env = turn.envelope(ctx.name, call.tool_call_id)
         if rejected:
@@ -79,6 +92,8 @@ async def execution_step(
                 await _spawn(ctx, turn, call, ref)
             children += 1
             continue
+        elif call.tool_call_id in mcp_outcomes:
+            outcome = mcp_outcomes[call.tool_call_id]
         else:
             done = recorded.get(call.tool_call_id)
             gate.envelope = env
@@ -157,6 +172,7 @@ async def _spawn(ctx: NodeContext, turn: TurnRecord, call: ToolCallPart, ref: St
         parent_call=call.tool_call_id,
         parent_step=ref.step_no,
         max_subagents=turn.max_subagents,
+        batch=turn.batch,
     )
     started = SubagentStarted(
         **child.envelope(ctx.name, child_turn), subagent_id=child_agent, prompt=prompt
@@ -175,7 +191,13 @@ def output_event(call: ToolCallPart, env: dict[str, Any], outcome: dict[str, Any
             lines=outcome.get("lines", 0),
             status=outcome["status"],
         )
-    return ToolOutput(**env, tool_name=call.tool_name, content=outcome["text"])
+    return ToolOutput(
+        **env,
+        tool_name=call.tool_name,
+        content=outcome["text"],
+        truncated=outcome.get("truncated", False),
+        output_ref=outcome.get("output_ref", ""),
+    )
 
 
 async def _refusals(
@@ -255,7 +277,8 @@ async def _run_call(
     if call.tool_name == RESET_TOOL:
         return await _reset(runtime, kernel_of)
     if call.tool_name != CODE_TOOL:
-        tools = ", ".join(tool_names(turn.is_subagent))
+        offered = [*tool_names(turn.is_subagent), *await mcp_tool_names(ctx, runtime, turn)]
+        tools = ", ".join(offered)
         return {
             "status": "unknown_tool",
             "text": f"[actfleet] Unknown tool {call.tool_name!r}; the tools are: {tools}.",
@@ -266,13 +289,19 @@ async def _run_call(
     env = gate.envelope
     chunks = ctx.coalescer()
     kernel = await kernel_of(runtime)
+    tools_error = ""
+    if selected_servers(turn):
+        tools_error = await write_tool_modules(ctx, runtime, turn)
     result = await kernel.execute(
         code,
         timeout=turn.options.get("execution_timeout", ctx.settings.execution_timeout),
         on_shell=gate,
         on_output=lambda t: chunks.add(CodeExecutionOutputChunk(**env, text=t), t),
+        on_tool=CodeToolGate(ctx, gate, runtime, turn) if selected_servers(turn) else None,
     )
     await chunks.flush()
+    if tools_error:
+        result = dataclasses.replace(result, text=f"[actfleet] {tools_error}\n{result.text}")
     whole = result.full_text if result.full_text is not None else result.text
     outcome: dict[str, Any] = {
         "status": result.status,
@@ -285,10 +314,7 @@ async def _run_call(
         ref = f"{runtime.session_id}:{turn.turn_id}:{runtime.agent_id}:{call.tool_call_id}"
         await ctx.redis.set(ctx.keys.output(ref), result.full_text, ex=ttl)
         outcome["output_ref"] = ref
-    images = []
-    for png in result.images:
-        ref = hashlib.sha256(png).hexdigest()
-        await ctx.redis.set(ctx.keys.image(ref), png, ex=ttl)
-        images.append(ref)
-    outcome["images"] = images
+    for image in result.images:  # for readers away from the node's disk (the dashboard)
+        await ctx.redis.set(ctx.keys.image(image.name), image.data, ex=ttl)
+    outcome["images"] = [image.path for image in result.images]
     return outcome

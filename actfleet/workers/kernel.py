@@ -4,14 +4,17 @@ ipykernel is driven through jupyter_client's async API, not ipybox's `CodeExecut
 loses output and hangs when its kernel dies (DESIGN §7). A `Kernel` is the handle an agent's
 runtime holds; behind it a `KernelProcess` is replaced whenever the kernel dies or has to be
 restarted, and the init code (cwd restore, shell-approval hooks; shell_approvals.py) is
-re-applied to every new process, which runs in the node's sandbox (sandbox.py).
+re-applied to every new process, which runs in the node's sandbox (sandbox.py) and plots
+inline with matplotlib (plots.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -33,10 +36,13 @@ from jupyter_client.manager import AsyncKernelManager
 
 from actfleet.broker.settings import Settings
 from actfleet.broker.settings import settings as current_settings
+from actfleet.workers.mcp_codegen import tool_request
+from actfleet.workers.plots import matplotlib_env
 from actfleet.workers.sandbox import Sandbox, UidSlot, code_dir
 from actfleet.workers.shell_approvals import APPROVED, REJECTED, init_code, shell_request
 
 __all__ = (
+    "CellImage",
     "CellResult",
     "CellStatus",
     "Kernel",
@@ -46,6 +52,7 @@ __all__ = (
     "Launcher",
     "OnOutput",
     "OnShell",
+    "OnTool",
     "kernel_env",
 )
 
@@ -56,6 +63,9 @@ OnOutput = Callable[[str], None]
 """Called with each piece of a cell's output as it arrives (until the output cap is reached)."""
 OnShell = Callable[[str], Awaitable[bool]]
 """Decides a `!cmd` the cell wants to run: `True` runs it once, `False` makes it raise."""
+OnTool = Callable[[dict[str, Any]], Awaitable[str]]
+"""Makes a programmatic tool call the cell asks for (`server`, `tool`, `arguments`) and
+returns the reply the cell's `mcptools.call` reads."""
 Launcher = Callable[[], Awaitable["KernelProcess"]]
 """Where a `Kernel` gets a fresh process from, at start and on every restart."""
 
@@ -75,6 +85,16 @@ _DIED_IDLE = (
 )
 _SHUT_DOWN = "Kernel was shut down while executing."
 
+IMAGE_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg"}
+"""Display data kept as images (the first of these a message has), with their extension."""
+IMAGES_DIR = "images"
+"""Where a cell's images are saved, in the agent's working directory."""
+MAX_IMAGES = 16
+"""Images kept per cell; more are dropped with a note."""
+MAX_IMAGE_BYTES = 8 * 1024**2
+"""Bytes an image may have; a larger one is dropped with a note."""
+_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
+
 
 class KernelStartError(RuntimeError):
     """A kernel process did not come up, or its init code failed."""
@@ -82,6 +102,21 @@ class KernelStartError(RuntimeError):
 
 class KernelClosedError(RuntimeError):
     """The kernel (or pool) was shut down."""
+
+
+@dataclass(frozen=True)
+class CellImage:
+    """An image a cell displayed, saved in the agent's working directory."""
+
+    path: str
+    """Relative to the working directory: `images/<sha256>.<ext>`."""
+    media_type: str
+    data: bytes
+
+    @property
+    def name(self) -> str:
+        """`<sha256>.<ext>`: the image's file name, and its name in Redis."""
+        return self.path.rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -94,8 +129,9 @@ class CellResult:
     full_text: str | None
     """The complete output when `text` is a preview (for the caller to store), else `None`."""
     truncated: bool
-    images: tuple[bytes, ...]
-    """PNG images the cell displayed."""
+    images: tuple[CellImage, ...]
+    """Images the cell displayed (PNG, JPEG, SVG), saved under the working directory's
+    `images/`; `text` ends with their paths as the kernel sees them."""
     duration: float
     """Wall-clock seconds, approval waits included."""
 
@@ -133,7 +169,28 @@ class _Manager(AsyncKernelManager):
     prefix: list[str] = []
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        return [*self.prefix, *super().format_kernel_cmd(extra_arguments)]
+        # No SQLite history (In/Out stay in memory): a birth costs ~8% less CPU, and the
+        # kernel writes no history database.
+        command = super().format_kernel_cmd(extra_arguments)
+        return [*self.prefix, *command, "--HistoryManager.enabled=False"]
+
+
+class _Client(AsyncKernelClient):
+    """jupyter_client's client, its stdin socket sending only over a completed connection
+    (ZMQ_IMMEDIATE), so that `_handshake` can tell when the kernel can reach it: the
+    kernel's ROUTER drops an input request to a client it does not know yet, and the cell
+    asking would wait for its approval until its timeout."""
+
+    def _create_connected_socket(self, channel: str, identity: bytes | None = None) -> Any:
+        if channel != "stdin":
+            return super()._create_connected_socket(channel, identity)
+        sock = self.context.socket(zmq.DEALER)
+        sock.linger = 1000
+        sock.immediate = True
+        if identity:
+            sock.identity = identity
+        sock.connect(self._make_url(channel))
+        return sock
 
 
 class KernelProcess:
@@ -152,6 +209,7 @@ class KernelProcess:
             connection_file=str(directory / "connection.json"),
             kernel_spec_manager=_KERNEL_SPECS,
             context=zmq.asyncio.Context.instance(),
+            client_factory=_Client,
         )
         self.manager.write_connection_file()  # so the client knows the sockets before launch
         if sandbox is not None and workspace is not None:
@@ -192,8 +250,11 @@ class KernelProcess:
             workspace = Path(os.path.realpath(tempfile.mkdtemp(prefix="work-", dir=root)))
         process = cls(directory, workspace, sandbox)
         try:
+            uid = process._uid.uid if process._uid else None
+            # Before the start timeout: a node's first kernel builds the font list.
+            plots = await asyncio.to_thread(matplotlib_env, directory, uid)
             async with asyncio.timeout(timeout):
-                await process.manager.start_kernel(env=dict(env), cwd=str(process.directory))
+                await process.manager.start_kernel(env={**env, **plots}, cwd=str(process.directory))
                 # No heartbeat channel: it runs a thread; liveness is polled from the process.
                 process.client.start_channels(stdin=True, hb=False, control=False)
                 await process._handshake()
@@ -250,7 +311,8 @@ class KernelProcess:
             self._uid.release()
 
     async def _handshake(self) -> None:
-        """Wait for a kernel_info reply on shell and a first message on iopub (subscribed)."""
+        """Wait for a kernel_info reply on shell, a first message on iopub (subscribed) and
+        a completed stdin connection (see `_Client`)."""
         while True:
             self.client.kernel_info()
             try:
@@ -258,10 +320,21 @@ class KernelProcess:
                 reply = await self.client.get_shell_msg(timeout=1)
                 if reply["msg_type"] == "kernel_info_reply":
                     await self.client.get_iopub_msg(timeout=0.5)
-                    return
+                    break
             except Empty:
                 if not await self.alive():
                     raise KernelStartError("kernel process exited during start-up") from None
+        # A message on stdin goes out only once the connection is complete; the kernel
+        # drops it (it purges stdin before each input request).
+        socket = self.client.stdin_channel.socket
+        while True:
+            try:
+                await socket.send(b"actfleet: stdin connected", flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                if not await self.alive():
+                    raise KernelStartError("kernel process exited during start-up") from None
+                await asyncio.sleep(0.005)
 
 
 class Kernel:
@@ -325,11 +398,13 @@ class Kernel:
         timeout: float | None = None,
         on_output: OnOutput | None = None,
         on_shell: OnShell | None = None,
+        on_tool: OnTool | None = None,
     ) -> CellResult:
         """Run one cell until the kernel reports idle for it, it times out, or it dies.
 
         `timeout` (default: settings' `execution_timeout`) excludes time spent awaiting
-        `on_shell`; without `on_shell` shell commands are approved.
+        `on_shell` and `on_tool`; without `on_shell` shell commands are approved, without
+        `on_tool` tool calls fail.
         """
         timeout = self._settings.execution_timeout if timeout is None else timeout
         async with self._lock:
@@ -338,7 +413,7 @@ class Kernel:
             out = _Output(self._settings.output_cap, on_output)
             if lost:
                 out.note(_DIED_IDLE)
-            self._cell = cell = _Cell(on_shell)
+            self._cell = cell = _Cell(on_shell, on_tool)
             # stop_on_error=False: an abandoned erroring cell must not abort the next one.
             msg_id = process.client.execute(code, allow_stdin=True, stop_on_error=False)
             stdin = asyncio.create_task(self._serve_stdin(process, out))
@@ -353,14 +428,18 @@ class Kernel:
                     await stdin
                 if not finished:  # cancelled, or on_output raised: don't leave the cell running
                     await process.interrupt()
+            images = _save_images(self.working_dir, out)
             text = out.text()
             preview, truncated = _preview(text, self._settings.output_cap)
+            links = "".join(f"![image]({self.code_dir / image.path})\n" for image in images)
+            if links and preview and not preview.endswith("\n"):
+                links = "\n" + links
             return CellResult(
                 status=status,
-                text=preview,
+                text=preview + links,
                 full_text=text if truncated else None,
                 truncated=truncated,
-                images=tuple(out.images),
+                images=images,
                 duration=time.monotonic() - started,
             )
 
@@ -502,7 +581,11 @@ class Kernel:
             content = msg.get("content") if msg.get("msg_type") == "input_request" else None
             if not isinstance(content, dict):
                 continue  # not a request (the kernel's messages are untrusted)
-            cmd = shell_request(str(content.get("prompt", "")))
+            prompt = str(content.get("prompt", ""))
+            if (request := tool_request(prompt)) is not None:
+                process.client.input(await self._call_tool(request))
+                continue
+            cmd = shell_request(prompt)
             if cmd is None:
                 out.note("input() is not supported: nobody types into this kernel; it got ''")
                 process.client.input("")
@@ -519,6 +602,15 @@ class Kernel:
             return True
         with cell.clock.paused():
             return await cell.on_shell(cmd)
+
+    async def _call_tool(self, request: dict[str, Any]) -> str:
+        """A programmatic tool call from this kernel, made by the running cell's `on_tool`;
+        its approval wait and the call do not count against the cell's timeout."""
+        cell = self._cell
+        if cell is None or cell.on_tool is None:
+            return '{"error": "no MCP tools are available to this cell"}'
+        with cell.clock.paused():
+            return await cell.on_tool(request)
 
 
 async def _until_idle(
@@ -559,7 +651,9 @@ class _Output:
         self._on_output = on_output
         self._parts: list[str] = []
         self._streamed = 0
-        self.images: list[bytes] = []
+        self.images: list[tuple[str, bytes]] = []
+        self.dropped: list[str] = []
+        """Why images the cell displayed were not kept (one line each)."""
         self.error = False
         self.error_name = ""
 
@@ -571,15 +665,27 @@ class _Output:
         if kind == "stream":
             self.write(content["text"])
         elif kind in ("execute_result", "display_data", "update_display_data"):
-            data = content["data"]
-            if png := data.get("image/png"):
-                self.images.append(base64.b64decode(png))
-            elif text := data.get("text/plain"):
+            data = content.get("data")
+            data = data if isinstance(data, dict) else {}
+            media_type = next((t for t in IMAGE_TYPES if t in data), None)
+            if media_type is not None:
+                self.image(media_type, data[media_type])
+            elif isinstance(text := data.get("text/plain"), str) and text:
                 self.write(text + "\n")
         elif kind == "error":
             self.error, self.error_name = True, str(content.get("ename", ""))
             self.write(_ANSI.sub("", "\n".join(content["traceback"])) + "\n")
         return False
+
+    def image(self, media_type: str, raw: Any) -> None:
+        """Keep one displayed image (data from the kernel: checked, capped)."""
+        if len(self.images) >= MAX_IMAGES:
+            self.dropped.append(f"{media_type}: over the {MAX_IMAGES} images a cell may keep")
+            return
+        try:
+            self.images.append((media_type, _image_bytes(media_type, raw)))
+        except ValueError as exc:
+            self.dropped.append(f"{media_type}: {exc}")
 
     def write(self, text: str) -> None:
         self._parts.append(text)
@@ -597,6 +703,74 @@ class _Output:
 
     def text(self) -> str:
         return "".join(self._parts)
+
+
+def _image_bytes(media_type: str, raw: Any) -> bytes:
+    """The bytes of a displayed image: base64 checked for PNG and JPEG (and their magic
+    bytes), UTF-8 text for SVG; ValueError saying what is wrong."""
+    if not isinstance(raw, str):
+        raise ValueError(f"not a string but {type(raw).__name__}")
+    limit = MAX_IMAGE_BYTES if media_type == "image/svg+xml" else MAX_IMAGE_BYTES * 4 // 3 + 4096
+    if len(raw) > limit:
+        raise ValueError(f"larger than {MAX_IMAGE_BYTES} bytes")
+    if media_type == "image/svg+xml":
+        if "<svg" not in raw:
+            raise ValueError("no <svg> element")
+        return raw.encode()
+    try:
+        data = base64.b64decode("".join(raw.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not valid base64") from None
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ValueError(f"larger than {MAX_IMAGE_BYTES} bytes")
+    if not data.startswith(_MAGIC[media_type]):
+        raise ValueError(f"not a {IMAGE_TYPES[media_type].upper()} image")
+    return data
+
+
+def _save_images(working_dir: Path, out: _Output) -> tuple[CellImage, ...]:
+    """Save the cell's images as `images/<sha256>.<ext>` in the working directory, owned like
+    it. The kernel owns that directory, so nothing in it is trusted: an `images` that is not
+    a directory (a symlink) is not followed, and each file is written under a fresh name,
+    then renamed over whatever had its name. What is not kept is noted in the output."""
+    saved: list[CellImage] = []
+    if out.images:
+        try:
+            saved = _write_images(working_dir, out.images)
+        except OSError as exc:
+            out.dropped.append(f"not saved: {IMAGES_DIR}/ in the working directory ({exc})")
+    for reason in out.dropped:
+        out.note(f"An image was not kept ({reason}).")
+    return tuple(saved)
+
+
+def _write_images(working_dir: Path, images: list[tuple[str, bytes]]) -> list[CellImage]:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    top = os.open(working_dir, flags)
+    try:
+        owner = os.fstat(top)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(IMAGES_DIR, 0o755, dir_fd=top)
+        folder = os.open(IMAGES_DIR, flags, dir_fd=top)
+    finally:
+        os.close(top)
+    try:
+        if os.geteuid() == 0:
+            os.fchown(folder, owner.st_uid, owner.st_gid)
+        saved = []
+        for media_type, data in images:
+            name = f"{hashlib.sha256(data).hexdigest()}.{IMAGE_TYPES[media_type]}"
+            temp = f".{name}.{os.getpid()}.tmp"
+            create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            with open(os.open(temp, create, 0o644, dir_fd=folder), "wb") as file:
+                file.write(data)
+                if os.geteuid() == 0:
+                    os.fchown(file.fileno(), owner.st_uid, owner.st_gid)
+            os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            saved.append(CellImage(f"{IMAGES_DIR}/{name}", media_type, data))
+        return saved
+    finally:
+        os.close(folder)
 
 
 def _preview(text: str, cap: int) -> tuple[str, bool]:
@@ -640,7 +814,9 @@ class _Clock:
 
 @dataclass
 class _Cell:
-    """The cell a kernel is running: who decides its shell commands, and its timeout clock."""
+    """The cell a kernel is running: who decides its shell commands, who makes its tool
+    calls, and its timeout clock."""
 
     on_shell: OnShell | None
+    on_tool: OnTool | None = None
     clock: _Clock = field(default_factory=_Clock)

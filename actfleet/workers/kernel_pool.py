@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -165,9 +166,12 @@ class KernelPool:
     async def _launch(self, sandbox: Sandbox | None) -> KernelProcess:
         """Start one process, in turn with the other starts."""
         async with self._turns:
-            return await KernelProcess.launch(
+            began = time.monotonic()
+            process = await KernelProcess.launch(
                 self._env, timeout=self._start_timeout, sandbox=sandbox, root=self._root
             )
+            logger.info("kernel started in %.0f ms", (time.monotonic() - began) * 1000)
+            return process
 
     async def _start_one(self) -> None:
         try:

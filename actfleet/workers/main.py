@@ -12,6 +12,7 @@ import redis
 from actfleet.broker.connection import open_to_anyone
 from actfleet.broker.settings import Settings, SettingsError
 from actfleet.broker.shell_parse import shell_commands
+from actfleet.workers.mcp_config import McpConfigError
 from actfleet.workers.node import Node, NodeNameTaken
 from actfleet.workers.sandbox import Sandbox, SandboxUnavailable, check_available
 from actfleet.workers.tasks import register
@@ -61,7 +62,7 @@ def run_worker(
         node = Node(name, settings, capacity=kernels)
         register(node.celery, node)
         node.start()
-    except (SettingsError, NodeNameTaken, SandboxUnavailable, OpenRedis) as exc:
+    except (SettingsError, NodeNameTaken, SandboxUnavailable, OpenRedis, McpConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
     except redis.AuthenticationError as exc:

@@ -213,10 +213,14 @@ async def stream_response(
 ) -> ModelResponse:
     """Make one streamed model request, reporting each thinking and text delta as it arrives.
 
-    Returns the aggregated response (with its usage). Provider failures raise `ModelCallError`;
-    exceptions raised by the callbacks propagate unchanged.
+    Returns the aggregated response (with its usage). Provider failures raise `ModelCallError`
+    (the provider's error as its `__cause__`); exceptions raised by the callbacks propagate
+    unchanged. One attempt: the provider SDK's own retries are off, the model step retries
+    (workers/retries.py).
     """
-    settings: ModelSettings | None = None if timeout is None else {"request_timeout": timeout}
+    settings: ModelSettings = {"max_retries": 0}
+    if timeout is not None:
+        settings["request_timeout"] = timeout
     parameters = ModelRequestParameters(function_tools=list(tools))
     try:
         async with model_request_stream(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import logging
 import sys
 import tempfile
@@ -25,10 +26,13 @@ from actfleet.broker.keys import Keys
 from actfleet.broker.records import CURRENT_STEP, AgentRecord, BadRecord, StepRef, running_step
 from actfleet.broker.settings import Settings
 from actfleet.broker.transitions import lease_holder, text
-from actfleet.workers import sweeps
+from actfleet.workers import batch_items, sweeps
+from actfleet.workers.admission import Admission
 from actfleet.workers.approvals import Approvals
 from actfleet.workers.context import NodeContext
 from actfleet.workers.kernel_pool import KernelPool
+from actfleet.workers.mcp_config import load_mcp_config
+from actfleet.workers.mcp_servers import McpServers
 from actfleet.workers.runtimes import Runtimes
 from actfleet.workers.steps import Steps
 
@@ -65,8 +69,10 @@ class Node:
         self._thread = threading.Thread(target=self.loop.run_forever, name="actfleet-loop")
         self._heartbeat: asyncio.Task[None] | None = None
         self._failing: set[str] = set()
+        self.mcp = McpServers(load_mcp_config(settings.mcp_config))
         self.ctx: NodeContext
         self.runtimes: Runtimes
+        self.admission: Admission
         self.approvals: Approvals
         self.steps: Steps
 
@@ -92,18 +98,27 @@ class Node:
         _keep_environment_private()
         redis = async_redis(self.settings)
         await redis.ping()
-        self.ctx = NodeContext(self.name, uuid.uuid4().hex[:12], self.settings, redis, self.publish)
+        boot = uuid.uuid4().hex[:12]
+        self.ctx = NodeContext(self.name, boot, self.settings, redis, self.publish, self.mcp)
         self.workdir.mkdir(parents=True, exist_ok=True)
         await self._claim_name()
+        # Clients check a submission's tools against the names the live nodes publish.
+        await redis.hset(self.keys.mcp_servers(), self.name, json.dumps(self.mcp.names))
         pool = KernelPool.from_settings(self.settings, root=self.workdir / ".kernels")
         self.runtimes = Runtimes(self.ctx, pool, self.workdir, self.capacity)
-        self.approvals = Approvals(self.ctx, on_cancel=lambda s: self.steps.cancel_session(s))
-        self.steps = Steps(self.ctx, self.runtimes, self.approvals)
+        self.admission = Admission(self.ctx, self.runtimes)
+        self.approvals = Approvals(
+            self.ctx,
+            on_cancel=lambda s: self.steps.cancel_session(s),
+            on_admit=self.admission.admit,
+        )
+        self.steps = Steps(self.ctx, self.runtimes, self.approvals, self.admission)
         # A previous process under this name may have died holding agents: recover them.
         await self.recover(self.name, own=True)
         await self._beat()
         await pool.start()
         await self.approvals.start()
+        await self.admission.admit()
         self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
 
     async def _claim_name(self) -> None:
@@ -130,9 +145,11 @@ class Node:
             ("beat", self._beat),
             ("takeover", self._take_over_dead_nodes),
             ("reap", self.runtimes.reap_idle),
+            ("admit", self.admission.admit),
             ("expire approvals", lambda: sweeps.expire_approvals(self.ctx, self.approvals)),
             ("redispatch", lambda: sweeps.redispatch(self.ctx, set(self.steps.running))),
             ("pump", lambda: sweeps.pump_children(self.ctx)),
+            ("batches", lambda: batch_items.pump_all(self.ctx)),
             ("prune", lambda: sweeps.prune_sessions(self.ctx)),
         ]
         while True:
@@ -153,8 +170,19 @@ class Node:
         ctx = self.ctx
         ttl = int(self.settings.lease_ttl * 1000)
         expiry = time.time() + self.settings.lease_ttl
+        table = self.runtimes.table.values()
+        info = {
+            "boot": ctx.boot,
+            "capacity": self.capacity,
+            "runtimes": len(table),
+            "kernels": sum(runtime.kernel is not None for runtime in table),
+            "running": "\n".join(sorted(self.steps.running)),
+            "beat": time.time(),
+        }
         async with ctx.redis.pipeline(transaction=False) as pipe:
             pipe.set(self.keys.node(self.name), ctx.boot, px=ttl)
+            pipe.hset(self.keys.node_info(self.name), mapping=info)
+            pipe.pexpire(self.keys.node_info(self.name), ttl)
             pipe.sadd(self.keys.nodes(), self.name)
             for key in self.runtimes.lease_keys():
                 pipe.pexpire(key, ttl)
@@ -234,6 +262,7 @@ class Node:
             ("releasing runtimes", self.runtimes.close),
             ("requeueing this node's queue", lambda: self._requeue(self.ctx.queue)),
             ("stopping kernels", self.runtimes.pool.close),
+            ("stopping MCP servers", self.mcp.close),
             ("unregistering", self._unregister),
         ):
             try:
@@ -244,4 +273,5 @@ class Node:
 
     async def _unregister(self) -> None:
         await self.ctx.redis.srem(self.keys.nodes(), self.name)
-        await self.ctx.redis.delete(self.keys.node(self.name))
+        await self.ctx.redis.hdel(self.keys.mcp_servers(), self.name)
+        await self.ctx.redis.delete(self.keys.node(self.name), self.keys.node_info(self.name))

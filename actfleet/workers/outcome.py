@@ -23,6 +23,7 @@ from pydantic_ai.messages import (
 from actfleet.broker import transitions
 from actfleet.broker.records import StepRef, TurnRecord
 from actfleet.broker.transitions import End, Outcome, Park
+from actfleet.workers import batch_items
 from actfleet.workers.context import NodeContext
 from actfleet.workers.models import dump_message, load_message
 
@@ -55,6 +56,8 @@ async def apply(ctx: NodeContext, turn: TurnRecord, ref: StepRef, outcome: Outco
         await start_children(ctx, turn.session_id, turn.agent_id, turn.max_subagents)
     if isinstance(outcome, End) and turn.is_subagent:
         await start_children(ctx, turn.session_id, turn.parent_agent, turn.max_subagents)
+    if turn.batch and not turn.is_subagent and batch_items.frees_a_slot(outcome):
+        await batch_items.pump(ctx, turn.batch)
 
 
 def _obsolete_results(ref: StepRef, outcome: Outcome) -> StepRef | None:

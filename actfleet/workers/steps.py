@@ -24,12 +24,14 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
+from pydantic_ai.tools import ToolDefinition
 from redis.exceptions import RedisError
 
 from actfleet.broker import transitions
 from actfleet.broker.events import (
     CodeAction,
     Event,
+    ModelRetry,
     Response,
     ResponseChunk,
     Thoughts,
@@ -37,11 +39,14 @@ from actfleet.broker.events import (
     ToolCall,
     Usage,
 )
-from actfleet.broker.records import CURRENT_STEP, StepRef, TurnRecord, running_step
+from actfleet.broker.records import StepRef, TurnRecord
 from actfleet.broker.transitions import Advance, End, Outcome, Park, Progress, text
+from actfleet.workers.admission import Admission, current_priority
 from actfleet.workers.approvals import Approvals, apply_policy, request_event
+from actfleet.workers.budgets import budget_reached
 from actfleet.workers.context import NodeContext
 from actfleet.workers.execution import execution_step, output_event
+from actfleet.workers.mcp_servers import McpServerError
 from actfleet.workers.models import (
     CODE_TOOL,
     ModelCallError,
@@ -53,21 +58,25 @@ from actfleet.workers.models import (
     tool_definitions,
 )
 from actfleet.workers.outcome import apply, history_of, tool_calls
+from actfleet.workers.pricing import response_cost
+from actfleet.workers.retries import RetryPolicy, error_kind, with_retries
 from actfleet.workers.runtimes import Runtime, Runtimes
 from actfleet.workers.sandbox import code_dir
+from actfleet.workers.tool_calls import definitions, turn_tools
 
 log = logging.getLogger("actfleet.steps")
 
-FULL_BACKOFF = 0.5
-"""Seconds a full node waits before handing a new agent's step back to the shared queue."""
 PHASES = {"model": "llm_streaming", "execution": "tool_execution", "collect": "subagents"}
 
 
 class Steps:
     """The steps this node runs, and how they are cancelled."""
 
-    def __init__(self, ctx: NodeContext, runtimes: Runtimes, approvals: Approvals):
+    def __init__(
+        self, ctx: NodeContext, runtimes: Runtimes, approvals: Approvals, admission: Admission
+    ):
         self.ctx, self.runtimes, self.approvals = ctx, runtimes, approvals
+        self.admission = admission
         self.running: dict[str, tuple[asyncio.Future[Outcome], str]] = {}
         """Encoded step -> (its work, its session), for cancellation and the heartbeat."""
 
@@ -78,15 +87,23 @@ class Steps:
                 work.cancel()
 
     async def run(self, ref: StepRef) -> None:
-        """Run one step here, or send it where it belongs."""
-        ctx = self.ctx
-        if not self.runtimes.holds(ref.session_id, ref.agent_id) and not await self._current(ref):
-            return
+        """Run one step here, or send it where it belongs: to the node holding its agent,
+        or, for an agent new to a full node (or arriving while others wait), to the
+        waiting set (admission.py)."""
+        ctx, priority = self.ctx, 0
+        if not self.runtimes.holds(ref.session_id, ref.agent_id):
+            priority = await current_priority(ctx, ref)
+            if priority is None:
+                log.warning("refused step %s: it is not its turn's current step", ref.encode())
+                return
+            if await self.admission.others_waiting():
+                await self.admission.wait(ref, priority)
+                await self.admission.admit()
+                return
         runtime = await self.runtimes.obtain(ref.session_id, ref.agent_id)
         if runtime is None:
-            log.info("node full; %s goes back to the shared queue", ref.encode())
-            await asyncio.sleep(FULL_BACKOFF)
-            ctx.publish(ref, ctx.keys.shared_queue())
+            log.info("node full; %s waits for room", ref.encode())
+            await self.admission.wait(ref, priority)
             return
         if isinstance(runtime, str):
             ctx.publish(ref, runtime)
@@ -116,16 +133,8 @@ class Steps:
             if ref.kind == "model" and isinstance(outcome, End) and outcome.status != "finished":
                 outcome = await keep_unanswered(ctx, runtime, turn, ref, draft, outcome)
             await apply(ctx, turn, ref, outcome)
-
-    async def _current(self, ref: StepRef) -> bool:
-        """Whether the step is its turn's current one (checked before a runtime is made for
-        an agent new to this node; the claim checks it again, atomically)."""
-        ctx = self.ctx
-        values = await ctx.redis.hmget(ctx.keys.turn(ref.turn_id), *CURRENT_STEP)
-        if running_step(ref.session_id, ref.agent_id, ref.turn_id, values) == ref:
-            return True
-        log.warning("refused step %s: it is not its turn's current step", ref.encode())
-        return False
+        if isinstance(outcome, End):
+            await self.admission.admit()  # the agent's runtime may be evicted now
 
     async def _reclaim(self, ref: StepRef) -> transitions.Claim:
         ctx = self.ctx
@@ -161,15 +170,18 @@ class Steps:
                     self.ctx, self.approvals, runtime, kernel, turn, ref, previous
                 )
             return await collect_step(self.ctx, runtime, turn, ref)
-        except (ModelCallError, ModelConfigError) as exc:
+        except ModelCallError as exc:
             # One line, secrets stripped; the provider's raw message stays out of the logs.
             log.warning("step %s: %s", ref.id, exc)
-            return End("failed", error=str(exc))
+            return End("failed", error=str(exc), error_kind=error_kind(exc))
+        except ModelConfigError as exc:
+            log.warning("step %s: %s", ref.id, exc)
+            return End("failed", error=str(exc), error_kind="permanent")
         except (asyncio.CancelledError, RedisError):
             raise  # a Redis outage leaves the step to be sent again, not failed
         except Exception as exc:
             log.exception("step %s failed", ref.id)
-            return End("failed", error=f"{type(exc).__name__}: {exc}")
+            return End("failed", error=f"{type(exc).__name__}: {exc}", error_kind="permanent")
 
     async def _cancelled(self, turn: TurnRecord, phase: str) -> End:
         """A cancelled turn's end: its pending requests are withdrawn."""
@@ -186,6 +198,9 @@ class Draft:
 
     request: ModelRequest | None = None
     text: list[str] = field(default_factory=list)
+    retries: int = 0
+    """Model requests of this step retried after a transient error (counted in the turn's
+    attempts however the step ends)."""
 
 
 async def model_step(
@@ -195,23 +210,36 @@ async def model_step(
     max_turns = turn.options.get("max_turns")
     if max_turns is not None and turn.rounds >= max_turns:
         return End("finished", reason="max_turns", response=turn.last_text)
+    spent = await budget_reached(ctx, turn)
+    if spent is not None:
+        log.info("turn %s: %s", turn.turn_id, spent)
+        return End("finished", reason="budget", response=turn.last_text, error=spent)
+    try:
+        mcp_tools = await turn_tools(ctx, runtime, turn)
+    except McpServerError as exc:
+        return End("failed", error=str(exc))
     added: list[Any] = []
     if ref.step_no == 1:
         draft.request = opening_request(ctx, runtime, turn, history)
         added.append(draft.request)
-    response = await _stream(ctx, runtime, turn, ref, history + added, draft)
+    tools = [*tool_definitions(turn.is_subagent), *definitions(mcp_tools)]
+    response = await _stream(ctx, turn, ref, history + added, tools, draft)
     added.append(response)
     events, answer = _response_events(ctx, turn, ref, response)
     calls = tool_calls(response)
-    decisions, requests = apply_policy(turn, calls, ref.next("execution"))
+    mcp_names = [tool.full_name for tool in mcp_tools]
+    decisions, requests = apply_policy(turn, calls, ref.next("execution"), mcp_names)
     events.extend(request_event(r, ctx.name, turn.parent_call) for r in requests)
-    step_usage = {
+    cost = response_cost(response, turn.model)
+    tokens = {
         "input_tokens": response.usage.input_tokens,
         "output_tokens": response.usage.output_tokens,
-        "requests": 1,
     }
-    events.append(Usage(**turn.envelope(ctx.name, f"{turn.turn_id}:{ref.step_no}"), **step_usage))
+    env = turn.envelope(ctx.name, f"{turn.turn_id}:{ref.step_no}")
+    events.append(Usage(**env, **tokens, requests=1, cost=cost))
+    step_usage = {**tokens, "requests": 1, "cost": cost or 0.0, "unpriced": int(cost is None)}
     totals = {k: v + step_usage[k] for k, v in turn.usage().items()}
+    attempts = turn.attempts + draft.retries
     history_items = [dump_message(m) for m in added]
     if not calls:
         return End(
@@ -221,8 +249,9 @@ async def model_step(
             history=history_items,
             events=events,
             usage=totals,
+            attempts=attempts,
         )
-    progress = Progress(usage=totals, decisions=decisions, last_text=answer)
+    progress = Progress(usage=totals, decisions=decisions, last_text=answer, attempts=attempts)
     if requests:
         # Parked: the last decision resumes the turn (lua/decide.lua).
         return Park("execution", len(requests), history_items, events, requests, progress)
@@ -246,7 +275,9 @@ async def keep_unanswered(
     ctx: NodeContext, runtime: Runtime, turn: TurnRecord, ref: StepRef, draft: Draft, end: End
 ) -> End:
     """A turn that ends in a model step (cancelled, failed) keeps its prompt and the
-    partial answer in the agent's history (and the partial answer as a Response event)."""
+    partial answer in the agent's history (and the partial answer as a Response event);
+    its attempts count the step's retries."""
+    end = dataclasses.replace(end, attempts=turn.attempts + draft.retries)
     messages: list[Any] = []
     if ref.step_no == 1:
         messages.append(
@@ -266,30 +297,67 @@ async def keep_unanswered(
 
 async def _stream(
     ctx: NodeContext,
-    runtime: Runtime,
     turn: TurnRecord,
     ref: StepRef,
     messages: list[Any],
+    tools: list[ToolDefinition],
     draft: Draft,
 ) -> ModelResponse:
-    """One streamed model request; thinking and text chunks go to the stream as they come,
-    and the text to the draft."""
+    """One streamed model response; thinking and text chunks go to the stream as they come,
+    and the text to the draft. A transient failure is retried (workers/retries.py), each
+    retry announced by a ModelRetry event.
+
+    A request that fails after it streamed chunks is retried too (nothing of a response
+    acts before it is complete, so a retry is safe): the chunks already written stay in the
+    stream, the ModelRetry event says they were `discarded`, and the draft keeps only the
+    retry's text. Readers show answers from the complete Response event, not the chunks."""
     env = turn.envelope(ctx.name, f"{turn.turn_id}:{ref.step_no}")
     chunks = ctx.coalescer()
     model = resolve_model(turn.model, turn.replay or None, "sub" if turn.is_subagent else "main")
+    policy = RetryPolicy.from_settings(ctx.settings)
+    if isinstance(retries := turn.options.get("retries"), int):  # a batch's --retries
+        policy = dataclasses.replace(policy, retries=max(retries, 0))
+    streamed = False
+
+    def on_thinking(piece: str) -> None:
+        nonlocal streamed
+        streamed = True
+        chunks.add(ThoughtsChunk(**env, content=piece), piece)
 
     def on_text(piece: str) -> None:
+        nonlocal streamed
+        streamed = True
         draft.text.append(piece)
         chunks.add(ResponseChunk(**env, content=piece), piece)
 
-    response = await stream_response(
-        model,
-        messages,
-        tool_definitions(turn.is_subagent),
-        on_thinking=lambda t: chunks.add(ThoughtsChunk(**env, content=t), t),
-        on_text=on_text,
-        timeout=ctx.settings.model_timeout,
-    )
+    async def attempt() -> ModelResponse:
+        return await stream_response(
+            model,
+            messages,
+            tools,
+            on_thinking=on_thinking,
+            on_text=on_text,
+            timeout=ctx.settings.model_timeout,
+        )
+
+    async def on_retry(failed: int, delay: float, error: ModelCallError) -> None:
+        nonlocal streamed
+        await chunks.flush()
+        retry = ModelRetry(
+            **env,
+            attempt=failed,
+            max_attempts=1 + policy.retries,
+            delay=round(delay, 3),
+            error=str(error),
+            discarded=streamed,
+        )
+        streamed = False
+        draft.text.clear()
+        draft.retries += 1
+        log.info("step %s: retry %d in %.2f s: %s", ref.id, failed, delay, error)
+        await ctx.emit([retry])
+
+    response = await with_retries(attempt, policy, on_retry)
     await chunks.flush()
     return response
 

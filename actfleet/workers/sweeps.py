@@ -24,13 +24,17 @@ async def redispatch(ctx: NodeContext, running: set[str]) -> None:
     """Send again every current step that nothing has progressed for `redispatch_after`
     seconds: never claimed (its message was lost: a client or node died right after the
     transition, a Redis outage cut the send), or claimed by a node that no longer runs it.
-    Steps this node runs are touched instead; duplicates are refused by the claim."""
+    Steps this node runs, and steps waiting for room (admission.py), are touched instead;
+    duplicates are refused by the claim."""
     now = time.time()
     dispatch = ctx.keys.dispatch()
     if running:
         await ctx.redis.zadd(dispatch, dict.fromkeys(running, now), xx=True)
     stale = now - ctx.settings.redispatch_after
     for member in await ctx.redis.zrangebyscore(dispatch, 0, stale, start=0, num=BATCH):
+        if await ctx.redis.zscore(ctx.keys.admission(), member) is not None:
+            await ctx.redis.zadd(dispatch, {member: now}, xx=True)
+            continue
         try:
             ref = StepRef.decode(member)
         except BadRecord as exc:
