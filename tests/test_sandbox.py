@@ -3,6 +3,8 @@ the node's secrets and the machine's resources are out of a sandboxed kernel's r
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -15,8 +17,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from actfleet.broker import events as ev
+from actfleet.broker.settings import Settings
 from actfleet.client import Client
 from actfleet.client.local_redis import private_redis
+from actfleet.workers.kernel import CellResult, Kernel
 from tests.conftest import ACTFLEET, Fleet, _next_db, cli, wait_for, write_replay
 
 SECRET = "sk-test-0123456789-do-not-leak"
@@ -48,7 +52,8 @@ def probes_of(client: Client, session_id: str) -> dict:
     for event in client.events(session_id, follow=False):
         if isinstance(event, ev.CodeExecutionOutput):
             output = client.output(event.output_ref) if event.truncated else event.text
-            line = next(x for x in output.splitlines() if x.startswith("PROBES "))
+            line = next((x for x in output.splitlines() if x.startswith("PROBES ")), None)
+            assert line is not None, f"the probe cell printed no PROBES line: {output}"
             return json.loads(line.removeprefix("PROBES "))
     raise AssertionError(f"session {session_id} ran no cell")
 
@@ -205,19 +210,83 @@ def test_a_session_keeps_the_network_its_first_turn_gave_it(fleet, tmp_path: Pat
     assert proc.returncode != 0 and "only narrow" in proc.stderr
 
 
-def test_memory_past_the_limit_is_refused_with_the_limit_named(fleet, tmp_path: Path):
+def test_a_kernel_over_its_memory_limit_is_reported_died_with_the_limit_named(
+    fleet, tmp_path: Path
+):
+    """With a cgroup per kernel (this machine's node may make them), the OOM killer ends a
+    kernel that passes ACTFLEET_KERNEL_MEMORY; the model is told so, the node and the next
+    cell go on."""
+    assert "kernel limits: cgroup v" in (fleet.workdir / "n1.log").read_text()
     client = Client(fleet.redis_url)
-    replay = write_replay(tmp_path / "r.jsonl", {"code": "block = bytearray(2 * 1024**3)"})
+    grow = "blocks = [bytearray(128 * 1024**2) for _ in range(16)]"
+    replay = write_replay(tmp_path / "r.jsonl", {"code": grow}, {"code": "print('after')"})
     handle = client.submit("grow", model=f"replay:{replay}", approval="auto")
     client.wait(handle, timeout=120)
-    output = next(
+    outputs = [
         e
         for e in client.events(handle.session_id, follow=False)
         if isinstance(e, ev.CodeExecutionOutput)
-    )
-    assert output.status == "error" and "MemoryError" in output.text
-    assert "ACTFLEET_KERNEL_MEMORY=1073741824" in output.text
+    ]
+    assert outputs[0].status == "died"
+    assert "killed for going over its memory limit" in outputs[0].text
+    assert "ACTFLEET_KERNEL_MEMORY=1073741824" in outputs[0].text
+    assert outputs[1].status == "ok" and "after" in outputs[1].text
     assert fleet.nodes["n1"].poll() is None
+
+
+def test_the_memory_limit_bounds_a_kernels_processes_together(fleet, tmp_path: Path):
+    """Three children of one kernel, each taking 600 MB (each alone under the 1 GiB limit,
+    which per-process rlimits would let live): together they pass it, and the OOM killer
+    ends children, not the kernel."""
+    found = run_probes(
+        Client(fleet.redis_url),
+        tmp_path,
+        """
+        import time
+        children = []
+        for _ in range(3):
+            ready, told = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                block = bytearray(600 * 1024**2)
+                os.write(told, b"held")
+                time.sleep(30)
+                os._exit(0)
+            os.close(told)
+            os.read(ready, 4)  # "held", or nothing when the OOM killer took this child
+            children.append(pid)
+        time.sleep(1)
+        found["codes"] = [os.waitpid(pid, os.WNOHANG)[1] for pid in children]
+        for pid in children:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        """,
+    )
+    assert signal.SIGKILL in found["codes"], found["codes"]  # a wait status: killed
+
+
+def test_without_cgroups_a_process_past_the_limit_gets_memory_error(tmp_path: Path):
+    """ACTFLEET_KERNEL_CGROUPS=false (and wherever the node may not make cgroups): the
+    limit is each process's address space; a cell passing it gets MemoryError, told the
+    limit, and the kernel keeps its state."""
+    settings = dataclasses.replace(
+        Settings(), kernel_cgroups=False, kernel_memory=1024**3, kernel_start_timeout=60.0
+    )
+
+    async def grow() -> list[CellResult]:
+        kernel = await Kernel.start(tmp_path / "solo", settings=settings)
+        try:
+            cells = ("x = 1", "block = bytearray(2 * 1024**3)", "print(x)")
+            return [await kernel.execute(code) for code in cells]
+        finally:
+            await kernel.shutdown()
+
+    _, grown, after = asyncio.run(grow())
+    assert grown.status == "error" and "MemoryError" in grown.text
+    assert "ACTFLEET_KERNEL_MEMORY=1073741824" in grown.text
+    assert after.text == "1\n"
 
 
 def test_a_fork_bomb_stops_at_the_process_limit_and_others_go_on(fleet, tmp_path: Path):

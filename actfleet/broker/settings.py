@@ -76,6 +76,9 @@ class Settings:
     """Files a kernel process may hold open (0: no limit)."""
     kernel_file_size: int = 1024**3
     """Bytes a file a kernel writes may reach (0: no limit)."""
+    kernel_cgroups: bool = True
+    """Give each kernel a cgroup of its own (memory and processes of all its processes
+    together) where the node may create cgroups; rlimits only when false or impossible."""
     kernel_uid_base: int = 200_000
     """A node running as root runs each kernel as its own uid from here up."""
     mcp_config: str = ""

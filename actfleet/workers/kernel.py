@@ -202,7 +202,14 @@ class KernelProcess:
         self.directory = directory
         self.workspace = workspace
         self._adopted = False
-        self._uid = UidSlot(sandbox.uid_base) if sandbox and os.geteuid() == 0 else None
+        self.cgroup = sandbox.cgroup() if sandbox and workspace is not None else None
+        """The kernel's cgroups, where the node makes them (cgroups.py)."""
+        try:
+            self._uid = UidSlot(sandbox.uid_base) if sandbox and os.geteuid() == 0 else None
+        except BaseException:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            raise
         self.manager = _Manager(
             transport="ipc",
             ip=str(directory / "ipc"),
@@ -214,7 +221,7 @@ class KernelProcess:
         self.manager.write_connection_file()  # so the client knows the sockets before launch
         if sandbox is not None and workspace is not None:
             uid = self._uid.uid if self._uid else None
-            self.manager.prefix = sandbox.command(directory, workspace, [], uid)
+            self.manager.prefix = sandbox.command(directory, workspace, [], uid, self.cgroup)
             # A SIGINT to the process group would reach bubblewrap too and end the kernel;
             # an interrupt_request on the control channel interrupts the kernel alone.
             self.manager.kernel_spec.interrupt_mode = "message"
@@ -307,6 +314,8 @@ class KernelProcess:
         shutil.rmtree(self.directory, ignore_errors=True)
         if self.workspace is not None and not self._adopted:
             shutil.rmtree(self.workspace, ignore_errors=True)
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.remove)
         if self._uid is not None:
             self._uid.release()
 
@@ -502,9 +511,12 @@ class Kernel:
         if self._closed:
             out.note(_SHUT_DOWN)
         else:
-            self._replace_in_background()
             limit = self._memory_limit()
-            out.note(_DIED + (f" (Its memory is limited to {limit}.)" if limit else ""))
+            if limit and process.cgroup is not None and process.cgroup.oom_killed():
+                out.note(f"{_DIED} It was killed for going over its memory limit, {limit}.")
+            else:
+                out.note(_DIED + (f" (Its memory is limited to {limit}.)" if limit else ""))
+            self._replace_in_background()
         return "died"
 
     def _memory_limit(self) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from actfleet.broker.settings import Settings
+from actfleet.workers.cgroups import KernelCgroup, NodeCgroups, node_cgroups
 
 Network = Literal["none", "full"]
 NETWORKS: tuple[Network, ...] = ("none", "full")
@@ -53,7 +54,8 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one kernel (0: none), applied as rlimits."""
+    """Resource limits of one kernel (0: none): rlimits, but for memory and processes where
+    the kernel has cgroups (cgroups.py), which bound all its processes together."""
 
     memory: int
     """Bytes of address space (RLIMIT_AS)."""
@@ -73,11 +75,13 @@ class Limits:
             file_size=settings.kernel_file_size,
         )
 
-    def prlimit(self) -> list[str]:
-        """The `prlimit` command prefix setting these limits (soft = hard)."""
+    def prlimit(self, cgroup: KernelCgroup | None = None) -> list[str]:
+        """The `prlimit` command prefix setting these limits (soft = hard), but those the
+        kernel's cgroup bounds already (for all its processes together)."""
+        controlled = cgroup.dirs if cgroup is not None else {}
         flags = {
-            "--as": self.memory,
-            "--nproc": self.procs,
+            "--as": 0 if "memory" in controlled else self.memory,
+            "--nproc": 0 if "pids" in controlled else self.procs,
             "--nofile": self.files,
             "--fsize": self.file_size,
         }
@@ -92,6 +96,8 @@ class Sandbox:
     limits: Limits
     uid_base: int
     """First uid of the kernels' uids (used when the node runs as root)."""
+    cgroups: NodeCgroups | None = None
+    """Where kernels get cgroups of their own, if the node may make them (cgroups.py)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Sandbox:
@@ -100,7 +106,14 @@ class Sandbox:
                 f"ACTFLEET_KERNEL_NETWORK={settings.kernel_network!r}: use none or full"
             )
         limits = Limits.from_settings(settings)
-        return cls(settings.kernel_network, limits, settings.kernel_uid_base)
+        cgroups = node_cgroups(settings.kernel_cgroups)
+        return cls(settings.kernel_network, limits, settings.kernel_uid_base, cgroups)
+
+    def cgroup(self) -> KernelCgroup | None:
+        """A new kernel's cgroups with this sandbox's limits, where the node makes them."""
+        if self.cgroups is None:
+            return None
+        return self.cgroups.make(self.limits.memory, self.limits.procs)
 
     @classmethod
     def of(cls, settings: Settings) -> Sandbox | None:
@@ -108,11 +121,18 @@ class Sandbox:
         return cls.from_settings(settings) if settings.sandbox else None
 
     def command(
-        self, kernel_dir: Path, workspace: Path, argv: list[str], uid: int | None
+        self,
+        kernel_dir: Path,
+        workspace: Path,
+        argv: list[str],
+        uid: int | None,
+        cgroup: KernelCgroup | None = None,
     ) -> list[str]:
         """bwrap's command line running `argv` confined, `workspace` seen as WORKSPACE and
-        `kernel_dir` at its own path; as `uid` when given (the node is root)."""
-        args = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        `kernel_dir` at its own path; as `uid` when given (the node is root); inside
+        `cgroup` when given."""
+        args = [*(cgroup.enter() if cgroup is not None else [])]
+        args += ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         args += ["--unshare-cgroup-try", "--hostname", "kernel"]
         if self.network == "none":
             args.append("--unshare-net")
@@ -138,7 +158,7 @@ class Sandbox:
         # The node is not in the kernel's PID namespace: its pid there means nothing, and
         # --die-with-parent already ends the kernel with the node.
         args += ["--unsetenv", "JPY_PARENT_PID"]
-        args += ["--", *self.limits.prlimit()]
+        args += ["--", *self.limits.prlimit(cgroup)]
         if uid is not None:
             args += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
             args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
