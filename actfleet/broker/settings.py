@@ -69,9 +69,10 @@ class Settings:
     kernel_network: str = "full"
     """A kernel's network: full (the host's) or none (a loopback of its own)."""
     kernel_memory: int = 4 * 1024**3
-    """Bytes of address space a kernel process may map (0: no limit)."""
+    """Bytes of memory a kernel may use: all its processes together where it has a cgroup,
+    else address space per process (0: no limit)."""
     kernel_procs: int = 256
-    """Processes a kernel may run at once (0: no limit)."""
+    """Processes and threads a kernel may run at once (0: no limit)."""
     kernel_files: int = 1024
     """Files a kernel process may hold open (0: no limit)."""
     kernel_file_size: int = 1024**3
