@@ -1,5 +1,6 @@
 """What the kernels' sandbox costs: cold start, warm-pool acquire and a warm trivial cell,
-with and without bubblewrap (targets: warm cell within 1.1x, cold start at most +100 ms).
+without bubblewrap, with it and a cgroup per kernel (where this machine allows one), and
+with it and rlimits only (targets: warm cell within 1.1x, cold start at most +100 ms).
 
     .venv/bin/python bench/sandbox_cost.py [--starts 10] [--cells 300]
 """
@@ -21,13 +22,17 @@ from actfleet.workers.kernel import Kernel
 from actfleet.workers.kernel_pool import KernelPool
 from actfleet.workers.sandbox import Sandbox, check_available
 
-MODES = ("no sandbox", "sandbox")
+MODES = ("no sandbox", "sandbox", "sandbox rlimits")
 
 
 async def measure(base: Settings, root: Path, starts: int, cells: int) -> dict[str, dict]:
     """Milliseconds of each cold start, warm acquire and warm `x = 1` cell, per mode; the
     modes take turns sample by sample, so load on the machine hits both alike."""
-    settings = {mode: replace(base, sandbox=mode == "sandbox") for mode in MODES}
+    settings = {
+        "no sandbox": replace(base, sandbox=False),
+        "sandbox": replace(base, sandbox=True, kernel_cgroups=True),
+        "sandbox rlimits": replace(base, sandbox=True, kernel_cgroups=False),
+    }
     found: dict[str, dict[str, list[float]]] = {
         mode: {"cold start": [], "warm acquire": [], "warm cell": []} for mode in MODES
     }
@@ -75,21 +80,26 @@ async def _until_warm(pool: KernelPool) -> None:
 
 async def main(starts: int, cells: int) -> None:
     base = Settings.from_env()
-    check_available(Sandbox.from_settings(base))
+    sandbox = Sandbox.from_settings(replace(base, kernel_cgroups=True))
+    check_available(sandbox)
+    cgroups = sandbox.cgroups.describe() if sandbox.cgroups else "none here"
     root = Path(tempfile.mkdtemp(prefix="bench-sandbox-"))
     try:
         results = await measure(base, root, starts, cells)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{starts} cold starts, {starts} warm acquires, {cells} warm `x = 1` cells; ms")
-    print(f"{'':<14}{'':<14}{'p50':>8}{'p95':>8}")
+    print(f"kernel cgroups in mode 'sandbox': {cgroups}")
+    print(f"{'':<14}{'':<17}{'p50':>8}{'p95':>8}")
     for what in ("cold start", "warm acquire", "warm cell"):
         for mode, found in results.items():
             values = found[what]
-            print(f"{what:<14}{mode:<14}{pct(values, 50):>8.2f}{pct(values, 95):>8.2f}")
+            print(f"{what:<14}{mode:<17}{pct(values, 50):>8.2f}{pct(values, 95):>8.2f}")
     for what in ("cold start", "warm acquire", "warm cell"):
-        on, off = pct(results["sandbox"][what], 50), pct(results["no sandbox"][what], 50)
-        print(f"{what}: sandbox {on / off:.2f}x, {on - off:+.1f} ms (p50)")
+        off = pct(results["no sandbox"][what], 50)
+        for mode in MODES[1:]:
+            on = pct(results[mode][what], 50)
+            print(f"{what}: {mode} {on / off:.2f}x, {on - off:+.1f} ms (p50)")
 
 
 if __name__ == "__main__":
