@@ -254,11 +254,11 @@ def test_a_batch_page_follows_progress_is_approved_in_bulk_and_serves_its_result
     assert sorted(r["custom_id"] for r in lines) == ["item-0", "item-1", "item-2"]
     assert {r["status"] for r in lines} == {"completed"}
 
-    def turn(custom_id: str) -> str:
-        return "actfleet:turn:" + item_ids(batch.id, BatchItem(custom_id, "p", 1))[1]
+    def session(custom_id: str) -> str:
+        return "actfleet:session:" + item_ids(batch.id, BatchItem(custom_id, "p", 1))[0]
 
-    client.redis.hset(turn("item-0"), mapping={"cost": "0.0123", "unpriced": "0"})
-    client.redis.hset(turn("item-1"), mapping={"cost": "0", "unpriced": "2"})
+    client.redis.hset(session("item-0"), mapping={"cost": "0.0123", "unpriced": "0"})
+    client.redis.hset(session("item-1"), mapping={"cost": "0", "unpriced": "2"})
     sessions = alice.get("/sessions", params={"batch": batch.id}).text
     assert all(r["session_id"] in sessions for r in lines)
     assert other.session_id not in sessions
@@ -283,6 +283,27 @@ def test_a_batch_page_follows_progress_is_approved_in_bulk_and_serves_its_result
     assert cancelled.status_code == 200, cancelled.text
     assert second.wait(timeout=60).record.counts["cancelled"] == 2
     assert alice.get("/batches/b-nope").status_code == 404
+
+
+def test_the_sessions_page_shows_a_sessions_usage_over_all_its_turns(
+    redis_url: str, fleet_factory, tmp_path: Path
+) -> None:
+    """Two turns of one session: the row's tokens are the session's sum, not its last
+    turn's."""
+    fleet = fleet_factory(redis_url)
+    fleet.start("n1")
+    client = Client(redis_url)
+    replay = write_replay(tmp_path / "r.jsonl", {"text": "one " * 50}, {"text": "two"})
+    first = client.submit("first", model=f"replay:{replay}", approval="auto")
+    last_turn = client.wait(first, timeout=60)
+    again = client.submit("again", model=f"replay:{replay}", session_id=first.session_id)
+    second = client.wait(again, timeout=60)
+    total = client.session_usage(first.session_id)
+    tokens = total["input_tokens"] + total["output_tokens"]
+    last = second.usage["input_tokens"] + second.usage["output_tokens"]
+    assert last_turn.usage["output_tokens"] and tokens > last
+    page = _client(redis_url).get("/sessions", params={"search": first.session_id}).text
+    assert f"<td>{tokens:,}</td>" in page
 
 
 def test_a_cost_is_shown_as_reported_and_unknown_is_never_zero() -> None:

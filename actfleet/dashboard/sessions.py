@@ -1,7 +1,8 @@
 """The Sessions page: newest first, paginated, filterable by status, model, node and batch,
 searchable by id. Each row is summed up from the session's first and last events, its pending
 approvals (a running session waiting for a decision says so), and its usage (tokens, cost
-once reported) from the record of its current or last turn."""
+once reported): its ended turns' sum, kept on the session's record, plus the running turn's
+so far."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ class SessionRow:
     node: str
     turn_id: str
     """The main agent's current turn, or the turn of the last event."""
+    active: bool = False
+    """Whether `turn_id` is running (its usage is not in the session's sum yet)."""
     cost: str = ""
     """As `cost_text` shows it; "" while no cost is reported."""
 
@@ -88,18 +91,24 @@ def batch_sessions(client: Client, batch: str) -> list[tuple[str, float]]:
 
 
 def _usage(client: Client, rows: list[SessionRow]) -> list[SessionRow]:
-    """Rows with the tokens and cost of their turn's record (live while it runs)."""
+    """Rows with their session's tokens and cost: the ended turns' sum (subagents included)
+    plus the running turn's, live."""
     with client.redis.pipeline(transaction=False) as pipe:
         for row in rows:
-            pipe.hmget(client.keys.turn(row.turn_id or "-"), *USAGE_FIELDS)
+            pipe.hmget(client.keys.session(row.id), *USAGE_FIELDS)
+            pipe.hmget(client.keys.turn(row.turn_id if row.active else "-"), *USAGE_FIELDS)
         replies = pipe.execute()
     updated = []
-    for row, values in zip(rows, replies, strict=True):
-        usage = {k: text(v) for k, v in zip(USAGE_FIELDS, values, strict=True) if v is not None}
+    for i, row in enumerate(rows):
+        usage: dict[str, float] = {}
+        for values in replies[2 * i : 2 * i + 2]:
+            for name, value in zip(USAGE_FIELDS, values, strict=True):
+                if value is not None:
+                    usage[name] = usage.get(name, 0) + float(text(value) or 0)
         if "input_tokens" not in usage:
             updated.append(row)
             continue
-        tokens = int(usage["input_tokens"]) + int(usage.get("output_tokens", 0))
+        tokens = int(usage["input_tokens"] + usage.get("output_tokens", 0))
         updated.append(replace(row, tokens=tokens, cost=cost_text(usage)))
     return updated
 
@@ -130,6 +139,7 @@ def _summaries(client: Client, ids: list[tuple[str, float]]) -> list[SessionRow]
                 tokens=_tokens(tail),
                 node=lease_holder(lease) or "",
                 turn_id=text(active) if active else (tail.turn_id if tail else ""),
+                active=bool(active and text(active)),
             )
         )
     return rows
