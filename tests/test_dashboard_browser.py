@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -46,6 +47,16 @@ VISIBILITY = """(hidden) => {
   document.dispatchEvent(new Event("visibilitychange"));
 }"""
 """Hides or shows the page as switching tabs does (headless pages are always visible)."""
+
+
+def alices_page(playwright: Any) -> Any:
+    """A page of headless Chromium (Debian's) logged in as alice."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    context = browser.new_context(
+        http_credentials={"username": "alice", "password": "wonderland"},
+        viewport={"width": 1100, "height": 900},
+    )
+    return context.new_page()
 
 
 class DashboardProcess:
@@ -115,12 +126,7 @@ def test_a_session_page_opened_before_the_turn_shows_it_live_and_survives_a_rest
     client = Client(redis_url)
     session_id = "s-browser-live"
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        context = browser.new_context(
-            http_credentials={"username": "alice", "password": "wonderland"},
-            viewport={"width": 1100, "height": 900},
-        )
-        page = context.new_page()
+        page = alices_page(p)
         page.add_init_script(SEEN)
         page.goto(f"{dashboard.url}/sessions/{session_id}")
         page.wait_for_selector("#connection.ok")
@@ -154,7 +160,7 @@ def test_a_session_page_opened_before_the_turn_shows_it_live_and_survives_a_rest
         page.wait_for_selector(".event.TurnFinished >> nth=1", timeout=30_000)
         on_page = page.eval_on_selector_all("#events .event", "els => els.map(e => e.dataset.id)")
         page.screenshot(path="/tmp/actfleet-dashboard-session.png", full_page=True)
-        browser.close()
+        page.context.browser.close()
     assert client.result(handle.turn_id).status == "finished"
     stream = [e for e in client.events(session_id, follow=False) if not isinstance(e, CHUNKS)]
     assert on_page == [e.id for e in stream]
@@ -181,12 +187,7 @@ def test_batch_page_approves_the_batch_and_follows_it_to_its_end(
     )
     wait_for(lambda: batch.progress().parked == 3, 60, "3 items parked")
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        context = browser.new_context(
-            http_credentials={"username": "alice", "password": "wonderland"},
-            viewport={"width": 1100, "height": 900},
-        )
-        page = context.new_page()
+        page = alices_page(p)
         page.on("dialog", lambda dialog: dialog.accept())
         page.goto(f"{served}/batches/{batch.id}")
         page.wait_for_selector("#connection.ok")
@@ -200,5 +201,5 @@ def test_batch_page_approves_the_batch_and_follows_it_to_its_end(
         page.screenshot(path="/tmp/actfleet-dashboard-batch.png", full_page=True)
         page.goto(f"{served}/batches")
         page.screenshot(path="/tmp/actfleet-dashboard-batches.png", full_page=True)
-        browser.close()
+        page.context.browser.close()
     assert batch.progress().record.counts["completed"] == 3
