@@ -7,15 +7,23 @@ import asyncio
 import dataclasses
 import json
 import os
+import shlex
+import shutil
 import signal
+import stat
 import subprocess
+import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
+import actfleet
 from actfleet.broker import events as ev
 from actfleet.broker.settings import Settings
 from actfleet.client import Client
@@ -434,3 +442,140 @@ def test_the_private_tmp_is_mounted_before_anything_is_bound_below_it(tmp_path: 
     assert args[tmpfs - 1] == "--tmpfs"
     binds = [i for i, arg in enumerate(args) if arg in ("--bind", "--ro-bind", "--dir")]
     assert binds and min(binds) > tmpfs
+
+
+NOBODY = 65534
+
+
+def reachable_by_others(paths: list[Path]) -> list[str]:
+    """Shell commands that, in a private mount namespace, let any uid reach `paths` (and
+    none when it already can): a tmpfs (0755) goes over each directory on the way that
+    others cannot traverse, with the path's child of it bound back. A venv's python links
+    into /root/.pyenv, and /root is 0700."""
+    through: dict[Path, set[str]] = {}
+    for path in paths:
+        for parent in reversed(path.parents):
+            if not parent.stat().st_mode & stat.S_IXOTH:
+                through.setdefault(parent, set()).add(path.relative_to(parent).parts[0])
+    commands = ['stage="$(mktemp -d)"']
+    for n, (blocked, names) in enumerate(sorted(through.items(), key=lambda kv: len(kv[0].parts))):
+        kept = [(f'"$stage"/{n}-{i}', blocked / name) for i, name in enumerate(sorted(names))]
+        for staged, child in kept:
+            commands += [f"mkdir {staged}", f"mount --bind {shlex.quote(str(child))} {staged}"]
+        commands.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(blocked))}")
+        for staged, child in kept:
+            back = shlex.quote(str(child))
+            commands += [f"mkdir {back}", f"mount --move {staged} {back}", f"rmdir {staged}"]
+    return [*commands, 'rmdir "$stage"']
+
+
+def as_nobody(argv: list[str]) -> list[str]:
+    """`argv` run as uid and gid 65534 (nobody), in a mount namespace of its own where the
+    interpreter, the venv and the checkout are reachable by that uid."""
+    needed = {
+        Path(os.path.realpath(sys.executable)).parent.parent,
+        Path(sys.base_prefix),
+        Path(sys.prefix),
+        Path(actfleet.__file__).resolve().parents[1],
+    }
+    drop = f"exec setpriv --reuid {NOBODY} --regid {NOBODY} --clear-groups -- " + '"$@"'
+    script = " && ".join([*reachable_by_others(sorted(needed)), drop])
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv]
+
+
+@contextmanager
+def nobody_node(redis_url: str, log_path: Path, wrapped: bool) -> Iterator[tuple[int, int]]:
+    """A real `actfleet worker` run as nobody, directly or under `sh -c '...; exit $?'`,
+    with the provider key in its environment and a workdir of its own; yields the pids of
+    the node and of the process started (the wrapper, or the node itself)."""
+    if os.geteuid() != 0:
+        pytest.skip("starting a node as nobody needs root (to drop to uid 65534)")
+    missing = [tool for tool in ("unshare", "setpriv") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not installed (Debian: util-linux)")
+    workdir = Path(tempfile.mkdtemp(prefix="actfleet-nobody-"))  # tmp_path: 0700, root's
+    os.chown(workdir, NOBODY, NOBODY)
+    fleet = Fleet(redis_url, workdir, {"OPENAI_API_KEY": SECRET})
+    worker = [*ACTFLEET, "worker", "--name", "nobody"]
+    argv = ["sh", "-c", shlex.join(worker) + "; exit $?"] if wrapped else worker
+    with open(log_path, "wb") as log:
+        outer = subprocess.Popen(
+            as_nobody(argv), env=fleet.env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir
+        )
+    node = outer.pid
+
+    def up() -> bool:
+        if outer.poll() is not None:
+            pytest.fail(f"the node exited with {outer.returncode}:\n{log_path.read_text()}")
+        return bool(fleet.redis.exists("actfleet:node:nobody"))
+
+    try:
+        wait_for(up, 60, "the node run as nobody")
+        if wrapped:
+            node = children(outer.pid)[0]
+        status = Path(f"/proc/{node}/status").read_text()
+        assert f"Uid:\t{NOBODY}\t{NOBODY}\t{NOBODY}\t{NOBODY}\n" in status
+        yield node, outer.pid
+    finally:
+        if Path(f"/proc/{node}").exists():
+            os.kill(node, signal.SIGTERM)  # the wrapper does not pass SIGTERM on
+        try:
+            outer.wait(60)
+        except subprocess.TimeoutExpired:
+            os.kill(node, signal.SIGKILL)
+            outer.kill()
+            outer.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["direct", "under-sh"])
+def test_a_non_root_nodes_kernels_see_no_secret_and_cannot_reach_the_node(
+    wrapped: bool, redis_url: str, tmp_path: Path
+):
+    """A node run as nobody, started directly or under `sh -c` (like tini): its kernels run
+    as its uid in a user namespace, and still neither the node's nor the wrapper's nor
+    init's environment, nor the provider key or the Redis password anywhere in /proc, is
+    within their reach; nor can they signal the node."""
+    password = urlsplit(redis_url).password
+    assert password
+    with nobody_node(redis_url, tmp_path / "nobody.log", wrapped) as (node, outer):
+        assert SECRET in Path(f"/proc/{node}/environ").read_text(errors="replace")
+        found = run_probes(
+            Client(redis_url),
+            tmp_path,
+            f"""
+            import glob
+            found["uid"] = os.getuid()
+            probe("node", lambda: open("/proc/{node}/environ", "rb").read())
+            probe("wrapper", lambda: open("/proc/{outer}/environ", "rb").read())
+            probe("init", lambda: open("/proc/1/environ", "rb").read())
+            probe("init memory", lambda: open("/proc/1/mem", "rb").read(1))
+            probe("signal node", lambda: os.kill({node}, 0))
+            seen = [repr(dict(os.environ))]
+            for path in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline"):
+                try:
+                    seen.append(open(path, "rb").read().decode(errors="replace"))
+                except OSError:
+                    pass
+            found["view"] = "\\n".join(seen)
+            """,
+        )
+    assert found["uid"] == NOBODY
+    assert refused(found, "node", "wrapper", "init", "init memory", "signal node")
+    assert SECRET not in found["view"] and password not in found["view"]
+
+
+def test_a_non_root_node_without_a_writable_home_gives_its_kernels_the_font_list(
+    redis_url: str, tmp_path: Path
+):
+    """matplotlib builds the node's font list in a temporary cache when HOME is not
+    writable (the test's HOME is root's); the kernels get a copy all the same."""
+    with nobody_node(redis_url, tmp_path / "nobody.log", wrapped=False):
+        found = run_probes(
+            Client(redis_url),
+            tmp_path,
+            """
+            found["config"] = sorted(os.listdir(os.environ["MPLCONFIGDIR"]))
+            """,
+        )
+    assert any(name.startswith("fontlist-") for name in found["config"]), found["config"]

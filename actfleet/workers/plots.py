@@ -5,14 +5,16 @@ matplotlib builds its font list on its first import in a fresh cache directory: 
 `fc-list`, which the kernel's subprocess guard refuses, and takes seconds a cell's first
 plot should not pay. A sandboxed kernel's cache would be its private /tmp, new with every
 kernel. So the node builds the list once, outside any kernel, and each kernel gets a copy in
-a config directory of its own (`MPLCONFIGDIR`, writable in the sandbox, gone with it).
+a config directory of its own (`MPLCONFIGDIR`, writable in the sandbox, gone with it). The
+node keeps the list in memory: a node user without a writable home gets a cache directory
+from matplotlib that is removed when the build exits.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -28,26 +30,28 @@ as display data."""
 CONFIG_DIR = "matplotlib"
 """The kernel's matplotlib config and cache directory, in its private directory."""
 _BUILD = (
-    "import pathlib, matplotlib, matplotlib.font_manager as fm; "
-    "print(pathlib.Path(matplotlib.get_cachedir(), "
-    "f'fontlist-v{fm.FontManager.__version__}.json'))"
+    "import json, pathlib, matplotlib, matplotlib.font_manager as fm; "
+    "path = pathlib.Path(matplotlib.get_cachedir(), "
+    "f'fontlist-v{fm.FontManager.__version__}.json'); "
+    "print(json.dumps([path.name, path.read_text()]))"
 )
 _BUILD_TIMEOUT = 300.0
 _lock = threading.Lock()
-_built: list[Path | None] = []
+_built: list[tuple[str, str] | None] = []
 
 
-def font_list() -> Path | None:
-    """This interpreter's matplotlib font list, built in the node user's matplotlib cache if
-    missing; once per process. `None` when it cannot be had (no matplotlib): kernels then
-    plot without a copy, or fail to import matplotlib as they would anyway."""
+def font_list() -> tuple[str, str] | None:
+    """This interpreter's matplotlib font list (file name, content), built in the node
+    user's matplotlib cache if missing; once per process. `None` when it cannot be had (no
+    matplotlib): kernels then plot without a copy, or fail to import matplotlib as they
+    would anyway."""
     with _lock:
         if not _built:
             _built.append(_build())
         return _built[0]
 
 
-def _build() -> Path | None:
+def _build() -> tuple[str, str] | None:
     try:
         result = subprocess.run(
             [sys.executable, "-c", _BUILD],
@@ -59,12 +63,15 @@ def _build() -> Path | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         logger.warning("matplotlib's font list was not built (%s); kernels plot without it", exc)
         return None
-    path = Path(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
-    if result.returncode != 0 or path is None or not path.is_file():
+    try:
+        name, content = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        name = content = ""
+    if result.returncode != 0 or not name:
         reason = result.stderr.strip().splitlines()[-1:] or [f"exit {result.returncode}"]
         logger.warning("matplotlib's font list was not built (%s)", reason[0])
         return None
-    return path
+    return name, content
 
 
 def matplotlib_env(kernel_dir: Path, uid: int | None) -> dict[str, str]:
@@ -74,7 +81,7 @@ def matplotlib_env(kernel_dir: Path, uid: int | None) -> dict[str, str]:
     config.mkdir(exist_ok=True)
     fonts = font_list()
     if fonts is not None:
-        shutil.copyfile(fonts, config / fonts.name)
+        (config / fonts[0]).write_text(fonts[1])
     if uid is not None:
         for path in (config, *config.iterdir()):
             os.chown(path, uid, uid)

@@ -46,6 +46,29 @@ _SYSTEM_FILES = (
     "/etc/mime.types",
 )
 _UID_SLOTS = 4096
+_REAPER = """\
+import ctypes, os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0):  # PR_SET_DUMPABLE
+    sys.exit(f"actfleet: the sandbox's pid 1 stays readable: {os.strerror(ctypes.get_errno())}")
+child = os.fork()
+if child == 0:
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    except OSError as exc:
+        print(f"actfleet: {sys.argv[1]}: {exc}", file=sys.stderr)
+    os._exit(127)
+while True:
+    pid, status = os.wait()
+    if pid == child:
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+"""
+"""The sandbox's pid 1 when the node is not root, in place of bwrap's: it reaps like bwrap's
+but is not dumpable. bwrap's runs as the kernel's uid there, so the kernel could read its
+environment and memory through /proc/1; this one's are refused (ptrace rules)."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -136,8 +159,10 @@ class Sandbox:
         args += ["--unshare-cgroup-try", "--hostname", "kernel"]
         if self.network == "none":
             args.append("--unshare-net")
+        reaper: list[str] = []
         if os.geteuid() != 0:
-            args.append("--unshare-user")
+            args += ["--unshare-user", "--as-pid-1"]
+            reaper = [sys.executable, "-I", "-S", "-c", _REAPER]
         # /tmp first: what is bound below it afterwards (a venv or a workdir in /tmp) shows.
         args += ["--perms", "1777", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
         args += ["--perms", "1777", "--tmpfs", "/dev/shm"]
@@ -158,7 +183,7 @@ class Sandbox:
         # The node is not in the kernel's PID namespace: its pid there means nothing, and
         # --die-with-parent already ends the kernel with the node.
         args += ["--unsetenv", "JPY_PARENT_PID"]
-        args += ["--", *self.limits.prlimit(cgroup)]
+        args += ["--", *reaper, *self.limits.prlimit(cgroup)]
         if uid is not None:
             args += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
             args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
