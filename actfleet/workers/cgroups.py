@@ -72,10 +72,6 @@ class NodeCgroups:
     """Controller -> the directory holding this node's kernel cgroups."""
     _names: itertools.count[int] = field(default_factory=itertools.count, compare=False)
 
-    @property
-    def controllers(self) -> frozenset[str]:
-        return frozenset(self.parents)
-
     def describe(self) -> str:
         return f"cgroup v{self.version} ({', '.join(sorted(self.parents))})"
 
@@ -83,10 +79,10 @@ class NodeCgroups:
         """A new kernel's cgroups with these limits (0: none)."""
         name = f"kernel-{next(self._names)}"
         dirs = {controller: parent / name for controller, parent in self.parents.items()}
-        for directory in set(dirs.values()):
-            directory.mkdir()
         cgroup = KernelCgroup(self.version, dirs)
         try:
+            for directory in set(dirs.values()):
+                directory.mkdir()
             if "memory" in dirs and memory:
                 if self.version == 2:
                     _write(dirs["memory"] / "memory.max", memory)
