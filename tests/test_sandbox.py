@@ -34,13 +34,21 @@ from tests.conftest import ACTFLEET, Fleet, _next_db, cli, wait_for, write_repla
 SECRET = "sk-test-0123456789-do-not-leak"
 
 PROBE = """
-import json, os
+import glob, json, os
 found = {}
 def probe(name, action):
     try:
         found[name] = ["ok", repr(action())[:300]]
     except Exception as exc:
         found[name] = ["refused", type(exc).__name__]
+def proc_view():  # the kernel's environment and every /proc environ and cmdline it reads
+    seen = [repr(dict(os.environ))]
+    for path in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline"):
+        try:
+            seen.append(open(path, "rb").read().decode(errors="replace"))
+        except OSError:
+            pass
+    return seen
 """
 
 
@@ -166,15 +174,10 @@ def test_no_secret_or_redis_credential_is_in_a_kernels_view(fleet, tmp_path: Pat
         Client(fleet.redis_url),
         tmp_path,
         f"""
-        import glob, socket
+        import socket
         probe("node environ", lambda: open("/proc/{fleet.nodes["n1"].pid}/environ").read())
         probe("init environ", lambda: open("/proc/1/environ", "rb").read())
-        seen = [repr(dict(os.environ))]
-        for path in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline"):
-            try:
-                seen.append(open(path, "rb").read().decode(errors="replace"))
-            except OSError:
-                pass
+        seen = proc_view()
         files = glob.glob("/tmp/**", recursive=True) + glob.glob("/workspace/**", recursive=True)
         for path in files:
             try:
@@ -544,20 +547,13 @@ def test_a_non_root_nodes_kernels_see_no_secret_and_cannot_reach_the_node(
             Client(redis_url),
             tmp_path,
             f"""
-            import glob
             found["uid"] = os.getuid()
             probe("node", lambda: open("/proc/{node}/environ", "rb").read())
             probe("wrapper", lambda: open("/proc/{outer}/environ", "rb").read())
             probe("init", lambda: open("/proc/1/environ", "rb").read())
             probe("init memory", lambda: open("/proc/1/mem", "rb").read(1))
             probe("signal node", lambda: os.kill({node}, 0))
-            seen = [repr(dict(os.environ))]
-            for path in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline"):
-                try:
-                    seen.append(open(path, "rb").read().decode(errors="replace"))
-                except OSError:
-                    pass
-            found["view"] = "\\n".join(seen)
+            found["view"] = "\\n".join(proc_view())
             """,
         )
     assert found["uid"] == NOBODY
