@@ -32,8 +32,6 @@ class SessionRow:
     node: str
     turn_id: str
     """The main agent's current turn, or the turn of the last event."""
-    active: bool = False
-    """Whether `turn_id` is running (its usage is not in the session's sum yet)."""
     cost: str = ""
     """As `cost_text` shows it; "" while no cost is reported."""
 
@@ -96,7 +94,9 @@ def _usage(client: Client, rows: list[SessionRow]) -> list[SessionRow]:
     with client.redis.pipeline(transaction=False) as pipe:
         for row in rows:
             pipe.hmget(client.keys.session(row.id), *USAGE_FIELDS)
-            pipe.hmget(client.keys.turn(row.turn_id if row.active else "-"), *USAGE_FIELDS)
+            # A running turn's usage is not in the session's sum yet.
+            running = row.status in RUNNING
+            pipe.hmget(client.keys.turn(row.turn_id if running else "-"), *USAGE_FIELDS)
         replies = pipe.execute()
     updated = []
     for i, row in enumerate(rows):
@@ -139,7 +139,6 @@ def _summaries(client: Client, ids: list[tuple[str, float]]) -> list[SessionRow]
                 tokens=_tokens(tail),
                 node=lease_holder(lease) or "",
                 turn_id=text(active) if active else (tail.turn_id if tail else ""),
-                active=bool(active and text(active)),
             )
         )
     return rows
@@ -147,6 +146,10 @@ def _summaries(client: Client, ids: list[tuple[str, float]]) -> list[SessionRow]
 
 def _event(session_id: str, entries: list) -> Event | None:
     return entries_to_events(session_id, entries)[0] if entries else None
+
+
+RUNNING = ("running", "approval")
+"""The statuses of a session whose main agent has a turn in progress."""
 
 
 def _status(last: Event | None, active: bool, pending: int) -> str:

@@ -81,9 +81,10 @@ class Limits:
     the kernel has cgroups (cgroups.py), which bound all its processes together."""
 
     memory: int
-    """Bytes of address space (RLIMIT_AS)."""
+    """Bytes of memory of the kernel's cgroup, else of address space per process
+    (RLIMIT_AS)."""
     procs: int
-    """Processes of the kernel's uid (RLIMIT_NPROC)."""
+    """Processes of the kernel's cgroup, else of the kernel's uid (RLIMIT_NPROC)."""
     files: int
     """Open files (RLIMIT_NOFILE)."""
     file_size: int
