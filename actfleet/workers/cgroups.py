@@ -22,6 +22,8 @@ log = logging.getLogger("actfleet.cgroups")
 
 ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids")
+_ENABLE = " ".join(f"+{c}" for c in CONTROLLERS)
+"""What a v2 `cgroup.subtree_control` is given to pass the controllers to its children."""
 _ENTER = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 """Moves the shell into each cgroup named before `--`, then runs the command: everything
 the command starts is in the kernel's cgroups from its first instruction."""
@@ -148,9 +150,9 @@ def _v2() -> NodeCgroups:
         for pid in map(int, _read(base / "cgroup.procs").split()):
             with contextlib.suppress(ProcessLookupError):
                 _write(leaf / "cgroup.procs", pid)
-        _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS))
+        _write(base / "cgroup.subtree_control", _ENABLE)
     parent = _node_dir(base)
-    _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS))
+    _write(parent / "cgroup.subtree_control", _ENABLE)
     return NodeCgroups(2, dict.fromkeys(CONTROLLERS, parent))
 
 
