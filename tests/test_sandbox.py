@@ -453,22 +453,34 @@ NOBODY = 65534
 def reachable_by_others(paths: list[Path]) -> list[str]:
     """Shell commands that, in a private mount namespace, let any uid reach `paths` (and
     none when it already can): a tmpfs (0755) goes over each directory on the way that
-    others cannot traverse, with the path's child of it bound back. A venv's python links
-    into /root/.pyenv, and /root is 0700."""
+    others cannot traverse, with what is needed of it bound back: the entry on the way to a
+    path, or every entry when the directory is a path itself. A venv's python links into
+    /root/.pyenv, /root is 0700, and so is a checkout made in `mktemp -d`."""
     through: dict[Path, set[str]] = {}
     for path in paths:
-        for parent in reversed(path.parents):
-            if not parent.stat().st_mode & stat.S_IXOTH:
-                through.setdefault(parent, set()).add(path.relative_to(parent).parts[0])
+        for directory in reversed([path, *path.parents]):
+            if not directory.stat().st_mode & stat.S_IXOTH:
+                names = (
+                    os.listdir(directory)
+                    if directory == path
+                    else [path.relative_to(directory).parts[0]]
+                )
+                through.setdefault(directory, set()).update(names)
     commands = ['stage="$(mktemp -d)"']
     for n, (blocked, names) in enumerate(sorted(through.items(), key=lambda kv: len(kv[0].parts))):
         kept = [(f'"$stage"/{n}-{i}', blocked / name) for i, name in enumerate(sorted(names))]
-        for staged, child in kept:
-            commands += [f"mkdir {staged}", f"mount --bind {shlex.quote(str(child))} {staged}"]
+        bound = [(staged, child) for staged, child in kept if not child.is_symlink()]
+        for staged, child in bound:
+            make = "mkdir" if child.is_dir() else "touch"
+            commands += [f"{make} {staged}", f"mount --bind {shlex.quote(str(child))} {staged}"]
         commands.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(blocked))}")
         for staged, child in kept:
             back = shlex.quote(str(child))
-            commands += [f"mkdir {back}", f"mount --move {staged} {back}", f"rmdir {staged}"]
+            if child.is_symlink():
+                commands.append(f"ln -s {shlex.quote(os.readlink(child))} {back}")
+                continue
+            make, remove = ("mkdir", "rmdir") if child.is_dir() else ("touch", "rm")
+            commands += [f"{make} {back}", f"mount --move {staged} {back}", f"{remove} {staged}"]
     return [*commands, 'rmdir "$stage"']
 
 
